@@ -1,0 +1,987 @@
+# PPO on MuJoCo from preferences (Christiano et al. 2017, "C17"): docs in README.md, results in benchmark/README.md
+import difflib
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering for --capture-video; must be set before mujoco loads
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.normal import Normal
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=False`"""
+    cuda: bool = False
+    """if toggled, cuda will be used when available (the networks are tiny: the CPU is usually faster)"""
+    threads: int = 1
+    """torch CPU threads (1 lets several runs share a machine without slowing each other)"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    save_model: bool = False
+    """whether to save a checkpoint (agent, observation statistics, reward ensemble) to `runs/{run_name}`"""
+    checkpoint_every: int = 50
+    """with --save-model, write the checkpoint every this many iterations (and at the end)"""
+    resume: Optional[str] = None
+    """a run folder `runs/{run_name}` to continue from its checkpoint and saved labels"""
+    eval_only: bool = False
+    """evaluate the checkpoint of --resume (mean action) for --eval-episodes episodes and exit"""
+    eval_episodes: int = 10
+    """number of episodes for --eval-only"""
+
+    # Algorithm specific arguments
+    env: str = "Hopper-v4"
+    """the id of the MuJoCo environment (gymnasium v4 or v5)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments (RLHF pretraining rollouts included)"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+
+    # Preference learning arguments
+    feedback: Literal["synthetic", "true-reward"] = "synthetic"
+    """where the reward comes from: preferences of the synthetic teacher, or the environment's reward (baseline)"""
+    labels: int = 1400
+    """total number of preference labels to query over the run (C17: 700 or 1400)"""
+    segment_len: int = 50
+    """steps per segment (C17 A.1: 15-60); 50 Hopper steps is 0.4 s of simulated time, about one hop"""
+    pretrain_fraction: float = 0.25
+    """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%)"""
+    pretrain_steps: int = 10240
+    """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
+    pretrain_epochs: int = 200
+    """epochs of reward-model training on the pretraining labels before RL starts"""
+    schedule_horizon: float = 2e6
+    """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6)"""
+    selection: Literal["variance", "random"] = "variance"
+    """how pairs are chosen: highest ensemble disagreement among candidates (C17 2.2.4), or at random (ablation)"""
+    candidate_multiplier: int = 10
+    """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
+    ensemble_size: int = 3
+    """number of reward predictors in the ensemble (C17: 3)"""
+    reward_lr: float = 3e-4
+    """learning rate of the reward model (Adam)"""
+    reward_batch_size: int = 128
+    """preference pairs per reward-model gradient step"""
+    reward_updates: int = 4
+    """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2)"""
+    reward_std: float = 1.0
+    """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1 on MuJoCo)"""
+    label_noise: float = 0.1
+    """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
+    teacher_beta: float = float("inf")
+    """synthetic teacher rationality: P(left) = sigmoid(beta * (R_left - R_right)); inf = always the better one"""
+    teacher_gamma: float = 1.0
+    """synthetic teacher myopia: reward at step t weighted gamma^(L-1-t) (B-Pref); 1 = undiscounted"""
+    teacher_epsilon: float = 0.0
+    """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
+    teacher_skip_threshold: float = float("-inf")
+    """synthetic teacher skips a pair when both segment returns are below this (B-Pref)"""
+    teacher_equal_margin: float = 0.0
+    """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+    pretrain_iterations: int = 0
+    """rollouts of the initial policy used only for pretraining labels (computed in runtime)"""
+
+
+def validate_args(args: Args) -> None:
+    """Reject impossible settings with a message (no traceback) before anything is created."""
+    if args.env not in gym.registry:
+        close = difflib.get_close_matches(args.env, list(gym.registry), n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise SystemExit(f"error: unknown environment id '{args.env}'.{hint}")
+    if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1:
+        raise SystemExit("error: --num-envs, --num-steps and --total-timesteps must be positive")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise SystemExit(
+            f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "
+            f"must divide into --num-minibatches {args.num_minibatches}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    rlhf = args.feedback != "true-reward"
+    args.pretrain_iterations = math.ceil(args.pretrain_steps / args.batch_size) if rlhf else 0
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations <= args.pretrain_iterations:
+        raise SystemExit(
+            f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations} "
+            f"pretraining rollouts of {args.batch_size} steps; use at least "
+            f"{(args.pretrain_iterations + 1) * args.batch_size}"
+        )
+    if not rlhf:
+        return
+    if args.labels <= 0:
+        raise SystemExit(f"error: --labels must be positive (got {args.labels})")
+    if not 2 <= args.segment_len <= args.num_steps:
+        raise SystemExit(
+            f"error: --segment-len {args.segment_len} must be between 2 and the rollout length --num-steps {args.num_steps}"
+        )
+    if not 0 < args.pretrain_fraction <= 1:
+        raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
+    if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 0:
+        raise SystemExit("error: --ensemble-size and --candidate-multiplier must be positive")
+    if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
+        raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
+    # each queried pair needs two segments of its own from one rollout
+    per_iteration = label_schedule(args)
+    capacity = args.num_envs * (args.num_steps - args.segment_len + 1) // 2
+    if per_iteration.max() > capacity:
+        raise SystemExit(
+            f"error: --labels {args.labels} is too large for this run: one rollout holds at most {capacity} pairs of "
+            f"{args.segment_len}-step segments, and the schedule asks for {per_iteration.max()} in one rollout. "
+            "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer rollout."
+        )
+
+
+# RLHF: C17 A.1 label schedule
+def label_schedule(args: Args) -> np.ndarray:
+    """Labels to query after each iteration's rollout: `pretrain_fraction` of the budget spread over the initial
+    policy's rollouts, the rest at a rate proportional to horizon / (T + horizon), T = steps so far. Sums exactly to
+    args.labels, whatever --total-timesteps is."""
+    pretrain = round(args.labels * args.pretrain_fraction)
+    per_iteration = np.zeros(args.num_iterations, dtype=np.int64)
+    per_iteration[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, pretrain, args.pretrain_iterations + 1)))
+    steps_so_far = np.arange(args.pretrain_iterations + 1, args.num_iterations + 1) * args.batch_size
+    rate = args.schedule_horizon / (steps_so_far + args.schedule_horizon)
+    cumulative = np.round((args.labels - pretrain) * np.cumsum(rate) / rate.sum())
+    per_iteration[args.pretrain_iterations :] = np.diff(cumulative, prepend=0)
+    return per_iteration
+
+
+def make_env(env_id, idx, capture_video, run_name):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"runs/{run_name}/videos")
+        else:
+            env = gym.make(env_id)
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # innermost: charts/episodic_return is the standard true return
+        env = gym.wrappers.ClipAction(env)
+        return env
+
+    return thunk
+
+
+class RunningMeanStd:
+    """Running mean and variance (parallel algorithm); used for observation and return normalisation."""
+
+    def __init__(self, shape=()):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x):
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        self.var = (self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total
+        self.count = total
+
+    def state_dict(self):
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state):
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def normalize_obs(obs_rms, obs):
+    return np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10).astype(np.float32)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, act_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_std = torch.exp(self.actor_logstd.expand_as(action_mean))
+        probs = Normal(action_mean, action_std)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+# RLHF: the reward model (C17 2.2.3, A.1)
+class RewardEnsemble(nn.Module):
+    """`size` independent MLPs r(observation, action), 2 x 64 with leaky ReLU (C17 A.1), evaluated in one batched call.
+
+    Each member also learns one scalar: the reward of the absorbing state an episode enters when it terminates (a fall),
+    so the learned reward, like the true one of C17's fixed-length episodes, decides whether falling is good or bad.
+    """
+
+    def __init__(self, obs_dim, act_dim, size=3, hidden=64):
+        super().__init__()
+        sizes = [obs_dim + act_dim, hidden, hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation, per member
+            self.weights.append(nn.Parameter(torch.empty(size, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(size, 1, fan_out).uniform_(-bound, bound)))
+        self.absorbing_reward = nn.Parameter(torch.zeros(size))
+        # C17 2.2.1: each member normalised separately, the average scaled to zero mean and a fixed std (fit_normalization)
+        self.register_buffer("member_mean", torch.zeros(size))
+        self.register_buffer("member_std", torch.ones(size))
+        self.register_buffer("ensemble_mean", torch.zeros(()))
+        self.register_buffer("ensemble_std", torch.ones(()))
+        self.size = size
+
+    def forward(self, obs, act):
+        """Raw reward of each member: (..., obs_dim), (..., act_dim) -> (size, ...)."""
+        x = torch.cat([obs, act], -1)
+        lead = x.shape[:-1]
+        x = x.reshape(1, -1, x.shape[-1]).expand(self.size, -1, -1)
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(b, x, w)
+            if i < len(self.weights) - 1:
+                x = nn.functional.leaky_relu(x, 0.01)
+        return x.reshape(self.size, *lead)
+
+    def segment_returns(self, segments):
+        """Undiscounted predicted return of each segment for each member: (size, n). Absorbing steps (mask 0) earn
+        the member's absorbing-state reward."""
+        rewards = self(segments["obs"], segments["act"])
+        mask = segments["mask"]
+        return (rewards * mask).sum(-1) + self.absorbing_reward[:, None] * (1 - mask).sum(-1)
+
+    def l2_penalty(self):
+        """Sum of squared weights of each member: (size,)."""
+        return sum((w**2).sum((1, 2)) for w in self.weights)
+
+    @torch.no_grad()
+    def fit_normalization(self, obs, act, target_std=1.0):
+        """Set the normalisation from the raw rewards of the given steps (those the teacher has judged)."""
+        raw = self(obs, act)
+        self.member_mean.copy_(raw.mean(1))
+        self.member_std.copy_(raw.std(1) + 1e-8)
+        averaged = ((raw - self.member_mean[:, None]) / self.member_std[:, None]).mean(0)
+        self.ensemble_mean.copy_(averaged.mean())
+        self.ensemble_std.copy_((averaged.std() + 1e-8) / target_std)
+
+    def _normalize(self, raw):
+        shape = (self.size,) + (1,) * (raw.dim() - 1)
+        averaged = ((raw - self.member_mean.view(shape)) / self.member_std.view(shape)).mean(0)
+        return (averaged - self.ensemble_mean) / self.ensemble_std
+
+    @torch.no_grad()
+    def normalized_reward(self, obs, act):
+        """The reward PPO optimises: members normalised, averaged, scaled to zero mean and the target std."""
+        return self._normalize(self(obs, act))
+
+    @torch.no_grad()
+    def normalized_absorbing_reward(self):
+        return self._normalize(self.absorbing_reward).item()
+
+
+def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
+    """C17 2.2.3 Bradley-Terry cross-entropy. P[left > right] = softmax over summed rewards, mixed with a
+    `label_noise` chance of a uniformly random answer; mu = 1 left preferred, 0 right, 0.5 equal."""
+    p_left = (1 - label_noise) * torch.sigmoid(returns_left - returns_right) + label_noise / 2
+    return -(mu * torch.log(p_left) + (1 - mu) * torch.log(1 - p_left))
+
+
+# RLHF: segments and pair selection (C17 2.2.4)
+def sample_segments(rng, rollout, segment_len, count):
+    """Draw `count` segments of `segment_len` steps from a rollout (arrays shaped (steps, envs, ...)).
+
+    A segment may run into a termination: its remaining steps are absorbing steps (mask 0, true reward 0). Segments
+    that would cross a time-limit truncation or run off the end of the rollout are never drawn."""
+    obs, act, true_reward = rollout["obs"], rollout["act"], rollout["true_reward"]
+    terminated, truncated = rollout["terminated"], rollout["truncated"]
+    num_steps, num_envs = true_reward.shape
+    starts = np.stack(np.meshgrid(np.arange(num_steps), np.arange(num_envs), indexing="ij"), -1).reshape(-1, 2)
+    times = starts[:, :1] + np.arange(segment_len)  # (candidates, L)
+    in_range = times < num_steps
+    clipped = np.minimum(times, num_steps - 1)
+    envs = np.broadcast_to(starts[:, 1:], times.shape)
+    ended = (terminated | truncated)[clipped, envs] & in_range
+    after_end = (np.cumsum(ended, 1) - ended) > 0  # an earlier step of the segment ended the episode
+    real = ~after_end
+    truncated_inside = (truncated[clipped, envs] & ~terminated[clipped, envs] & real)[:, :-1].any(1)
+    valid = (in_range | after_end).all(1) & ~truncated_inside
+    valid_starts = np.flatnonzero(valid)
+    if len(valid_starts) == 0:
+        raise RuntimeError("no valid segment in the rollout: use a shorter --segment-len")
+    pick = rng.choice(valid_starts, size=count, replace=count > len(valid_starts))
+    t, e, m = clipped[pick], envs[pick], real[pick].astype(np.float32)
+    return {
+        "obs": obs[t, e] * m[..., None],
+        "act": act[t, e] * m[..., None],
+        "mask": m,
+        "true_reward": true_reward[t, e] * m,
+    }
+
+
+def index_segments(segments, idx):
+    return {k: v[idx] for k, v in segments.items()}
+
+
+def select_pairs(rng, ensemble, rollout, segment_len, num_pairs, multiplier, selection):
+    """C17 2.2.4: draw `multiplier` x more candidate pairs than needed and keep those whose predicted preference
+    varies most across the ensemble members (or a random subset for --selection random)."""
+    num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
+    left = sample_segments(rng, rollout, segment_len, num_candidates)
+    right = sample_segments(rng, rollout, segment_len, num_candidates)
+    if selection == "variance":
+        scores = disagreement(ensemble, left, right)
+        keep = np.argsort(-scores, kind="stable")[:num_pairs]
+    else:
+        keep = np.arange(num_pairs)
+    return index_segments(left, keep), index_segments(right, keep)
+
+
+@torch.no_grad()
+def disagreement(ensemble, left, right):
+    """Variance across members of each member's P[left > right]."""
+    returns_left = ensemble.segment_returns(to_torch(left))
+    returns_right = ensemble.segment_returns(to_torch(right))
+    return torch.sigmoid(returns_left - returns_right).var(0, unbiased=False).numpy()
+
+
+def to_torch(segments):
+    return {k: torch.as_tensor(v, dtype=torch.float32) for k, v in segments.items()}
+
+
+# RLHF: the synthetic teacher
+class SyntheticTeacher:
+    """Prefers the segment with more true reward (C17's synthetic labels), optionally with the noise of B-Pref's
+    simulated teachers (Lee et al. 2021). Teachers share one interface: ask(left, right) queues pairs;
+    poll() returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal; pairs the
+    teacher skips or cannot tell apart are dropped."""
+
+    def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
+        self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
+        self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
+        self.answered = []
+        self.pending = 0  # pairs asked but not yet answered (always 0 for a synthetic teacher)
+
+    def preferences(self, true_left, true_right):
+        """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
+        segment_len = true_left.shape[1]
+        weights = self.gamma ** np.arange(segment_len - 1, -1, -1)  # myopic: recent steps weigh more
+        return_left, return_right = true_left @ weights, true_right @ weights
+        diff = return_left - return_right
+        if math.isinf(self.beta):
+            mu = (diff > 0).astype(np.float64)
+        else:
+            p_left = 1 / (1 + np.exp(-np.clip(self.beta * diff, -50, 50)))
+            mu = (self.rng.random(len(diff)) < p_left).astype(np.float64)
+        mistakes = self.rng.random(len(diff)) < self.epsilon
+        mu = np.where(mistakes, 1 - mu, mu)
+        mu = np.where(np.abs(diff) <= self.equal_margin, 0.5, mu)
+        return np.where(np.maximum(return_left, return_right) < self.skip_threshold, np.nan, mu)
+
+    def ask(self, left, right):
+        mu = self.preferences(left["true_reward"], right["true_reward"])
+        keep = ~np.isnan(mu)
+        self.answered.append((index_segments(left, keep), index_segments(right, keep), mu[keep]))
+
+    def poll(self):
+        answered, self.answered = self.answered, []
+        return answered
+
+
+# RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
+class LabelBuffer:
+    """Preference labels of the run. For each member, a label is held out for validation with probability 1/e
+    (C17 2.2.3); otherwise it gets a Poisson(1) weight, the online form of a bootstrap resample of the labels."""
+
+    def __init__(self, capacity, segment_len, obs_dim, act_dim, ensemble_size, rng):
+        self.rng, self.size = rng, 0
+        shape = (capacity, 2, segment_len)
+        self.data = {
+            "obs": np.zeros(shape + (obs_dim,), np.float32),
+            "act": np.zeros(shape + (act_dim,), np.float32),
+            "mask": np.zeros(shape, np.float32),
+            "true_reward": np.zeros(shape, np.float32),
+            "mu": np.zeros(capacity, np.float32),
+            "is_val": np.zeros((capacity, ensemble_size), bool),
+            "weight": np.zeros((capacity, ensemble_size), np.float32),
+        }
+
+    def add(self, left, right, mu):
+        n = min(len(mu), len(self.data["mu"]) - self.size)
+        new = slice(self.size, self.size + n)
+        for key in ("obs", "act", "mask", "true_reward"):
+            self.data[key][new, 0], self.data[key][new, 1] = left[key][:n], right[key][:n]
+        self.data["mu"][new] = mu[:n]
+        members = self.data["is_val"].shape[1]
+        self.data["is_val"][new] = self.rng.random((n, members)) < 1 / math.e
+        self.data["weight"][new] = np.where(self.data["is_val"][new], 0, self.rng.poisson(1.0, (n, members)))
+        self.size += n
+        return n
+
+    def get(self, idx=None):
+        """The labels (all, or those at `idx`) as tensors; segments as `left`/`right` dicts."""
+        idx = slice(0, self.size) if idx is None else idx
+        batch = {k: torch.as_tensor(v[idx]) for k, v in self.data.items()}
+        left = {k: batch[k][:, 0] for k in ("obs", "act", "mask")}
+        right = {k: batch[k][:, 1] for k in ("obs", "act", "mask")}
+        return left, right, batch
+
+    def save(self, path):
+        tmp = path + ".tmp.npz"
+        np.savez_compressed(tmp, **{k: v[: self.size] for k, v in self.data.items()})
+        os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous file
+
+    def load(self, path):
+        with np.load(path) as saved:
+            n = len(saved["mu"])
+            for k in self.data:
+                self.data[k][:n] = saved[k]
+        self.size = n
+
+
+def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
+    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
+    if buffer.size == 0:
+        return
+    for _ in range(steps):
+        left, right, batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
+        losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
+        weight = batch["weight"].T  # (members, batch)
+        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@torch.no_grad()
+def evaluate_reward_model(ensemble, buffer, label_noise):
+    """Training and validation loss of each member on its own split, and the share of held-out strict preferences
+    each member orders correctly (averaged over members). Also refits the reward normalisation on the judged steps."""
+    left, right, batch = buffer.get()
+    returns_left, returns_right = ensemble.segment_returns(left), ensemble.segment_returns(right)
+    losses = preference_loss(returns_left, returns_right, batch["mu"], label_noise)
+    is_val = batch["is_val"].T.float()
+    is_train = 1 - is_val
+    train_loss = (losses * is_train).sum(1) / is_train.sum(1).clamp(min=1)
+    val_loss = (losses * is_val).sum(1) / is_val.sum(1).clamp(min=1)
+    strict = (batch["mu"] != 0.5).float()
+    correct = ((returns_left > returns_right).float() == batch["mu"]).float()
+    judged = is_val * strict
+    val_accuracy = ((correct * judged).sum(1) / judged.sum(1).clamp(min=1)).mean().item()
+    real = batch["mask"] > 0
+    ensemble.fit_normalization(batch["obs"][real], batch["act"][real])
+    has_val = bool(is_val.sum() > 0)
+    return train_loss, val_loss, val_accuracy, has_val
+
+
+def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss."""
+    ratio = val_loss / train_loss.clamp(min=1e-8)
+    return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
+
+
+# Checkpoints and evaluation
+def save_checkpoint(
+    path, args, agent, optimizer, obs_rms, return_rms, ensemble, reward_optimizer, l2_coef, global_step, iteration
+):
+    tmp = path + ".tmp"
+    torch.save(
+        {
+            "args": vars(args),
+            "agent": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "obs_rms": obs_rms.state_dict(),
+            "return_rms": return_rms.state_dict(),
+            "reward_ensemble": ensemble.state_dict() if ensemble is not None else None,
+            "reward_optimizer": reward_optimizer.state_dict() if reward_optimizer is not None else None,
+            "l2_coef": l2_coef,
+            "global_step": global_step,
+            "iteration": iteration,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def evaluate(checkpoint_path, env_id, episodes, seed=0):
+    """True (standard-rules) returns of the saved agent acting with its mean action."""
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+    obs_rms = RunningMeanStd()
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
+    agent.load_state_dict(checkpoint["agent"])
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            with torch.no_grad():
+                action = agent.actor_mean(torch.as_tensor(normalize_obs(obs_rms, obs[None]))).numpy()[0]
+            obs, _, terminated, truncated, info = env.step(np.clip(action, env.action_space.low, env.action_space.high))
+            done = terminated or truncated
+        returns.append(float(info["episode"]["r"]))
+    env.close()
+    return returns
+
+
+def discounted_return_scale(return_rms, rewards, dones, running_return, gamma):
+    """CleanRL's reward scaling (gym NormalizeReward) applied to whatever reward PPO gets: divide by the std of the
+    running discounted return. Updates `running_return` (per env) in place."""
+    returns = np.zeros_like(rewards)
+    for t in range(len(rewards)):
+        running_return[:] = running_return * gamma + rewards[t]
+        returns[t] = running_return
+        running_return[dones[t]] = 0.0
+    return_rms.update(returns.reshape(-1))
+    return np.sqrt(return_rms.var + 1e-8)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    checkpoint = None
+    if args.resume:
+        checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
+        if not os.path.isfile(checkpoint_path):
+            raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
+        checkpoint = torch.load(checkpoint_path, weights_only=False)
+        # a resumed run keeps its own settings; only what to do with it comes from this command line
+        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes", "save_model", "checkpoint_every")}
+        args = Args(**{**checkpoint["args"], **keep})
+        if args.eval_only:
+            returns = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed)
+            print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
+            sys.exit(0)
+        run_name = os.path.basename(os.path.normpath(args.resume))
+    elif args.eval_only:
+        raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
+    else:
+        run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    validate_args(args)
+    rlhf = args.feedback != "true-reward"
+    run_dir = f"runs/{run_name}"
+    os.makedirs(run_dir, exist_ok=True)
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # env setup
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env, i, args.capture_video, run_name) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+
+    agent = Agent(obs_dim, act_dim).to(device)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    obs_rms, return_rms = RunningMeanStd((obs_dim,)), RunningMeanStd()
+
+    # RLHF: reward ensemble, labels and teacher
+    ensemble = reward_optimizer = buffer = teacher = None
+    l2_coef = torch.full((args.ensemble_size,), 1e-4)
+    schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
+    pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
+    labels_path = f"{run_dir}/labels.npz"
+    if rlhf:
+        ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size)
+        reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+        buffer = LabelBuffer(args.labels, args.segment_len, obs_dim, act_dim, args.ensemble_size, rng)
+        teacher = SyntheticTeacher(
+            rng,
+            args.teacher_beta,
+            args.teacher_gamma,
+            args.teacher_epsilon,
+            args.teacher_skip_threshold,
+            args.teacher_equal_margin,
+        )
+
+    start_iteration, global_step = 1, 0
+    checkpoint_path = f"{run_dir}/checkpoint.pt"
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["agent"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        return_rms.load_state_dict(checkpoint["return_rms"])
+        if rlhf:
+            ensemble.load_state_dict(checkpoint["reward_ensemble"])
+            reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
+            l2_coef = checkpoint["l2_coef"]
+            buffer.load(labels_path)
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
+
+    # ALGO Logic: Storage setup
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim)).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs, act_dim)).to(device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)  # value of the state after a time-limit cut
+    raw_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # RLHF: what the reward model sees
+    true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
+    terminations = np.zeros((args.num_steps, args.num_envs), bool)
+    truncations = np.zeros((args.num_steps, args.num_envs), bool)
+    running_return = np.zeros(args.num_envs)
+    predicted_episode_return = np.zeros(args.num_envs)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, last_label_save = time.time(), global_step, time.time()
+    next_obs_raw, _ = envs.reset(seed=args.seed)
+    obs_rms.update(next_obs_raw)
+    next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
+    recent_returns, recent_predicted = [], []
+    completed = start_iteration - 1  # the last iteration whose update finished (what a checkpoint resumes after)
+
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            for step in range(0, args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                raw_obs[step] = next_obs_raw
+
+                # ALGO LOGIC: action logic
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                    values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
+
+                # TRY NOT TO MODIFY: execute the game and log data.
+                next_obs_raw, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+                true_rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
+                bootstrap[step] = 0.0
+                if "final_obs" in infos:
+                    cut = infos["_final_obs"] & truncated & ~terminated
+                    if cut.any():  # time limit: bootstrap from the value of the state the episode was cut at
+                        final = normalize_obs(obs_rms, np.stack(infos["final_obs"][cut]))
+                        with torch.no_grad():
+                            bootstrap[step][cut] = agent.get_value(torch.as_tensor(final).to(device)).flatten().cpu().numpy()
+                    episodes = infos["final_info"].get("episode")
+                    if episodes is not None:
+                        for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                            recent_returns.append(float(episodes["r"][i]))
+                            writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
+                            writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
+                obs_rms.update(next_obs_raw)
+                next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
+
+            # the actions the environment executed (ClipAction): what the teacher and the reward model judge
+            rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
+            if rlhf:
+                # RLHF: query this iteration's share of the label budget (C17 A.1 schedule, 2.2.4 selection)
+                to_ask = int(schedule[iteration - 1])
+                if to_ask > 0:
+                    rollout = {
+                        "obs": raw_obs,
+                        "act": rollout_actions,
+                        "true_reward": true_rewards,
+                        "terminated": terminations,
+                        "truncated": truncations,
+                    }
+                    left, right = select_pairs(
+                        rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, args.selection
+                    )
+                    teacher.ask(left, right)
+                for left, right, mu in teacher.poll():
+                    buffer.add(left, right, mu)
+                if iteration == args.pretrain_iterations:
+                    # RLHF: C17 A.1: fit the reward model on the initial policy's labels before RL starts
+                    epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
+                    for epoch in range(args.pretrain_epochs):
+                        train_reward_model(
+                            ensemble,
+                            reward_optimizer,
+                            buffer,
+                            l2_coef,
+                            epoch_steps,
+                            args.reward_batch_size,
+                            args.label_noise,
+                            rng,
+                        )
+                        train_loss, val_loss, val_accuracy, has_val = evaluate_reward_model(ensemble, buffer, args.label_noise)
+                        if has_val:
+                            l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                    print(
+                        f"reward model pretrained on {buffer.size} labels: val accuracy {val_accuracy:.2f}, "
+                        f"train loss {train_loss.mean():.3f}, val loss {val_loss.mean():.3f}"
+                    )
+                elif not pretraining:
+                    train_reward_model(
+                        ensemble,
+                        reward_optimizer,
+                        buffer,
+                        l2_coef,
+                        args.reward_updates,
+                        args.reward_batch_size,
+                        args.label_noise,
+                        rng,
+                    )
+                train_loss, val_loss, val_accuracy, has_val = evaluate_reward_model(ensemble, buffer, args.label_noise)
+                if has_val and not pretraining:
+                    l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                if time.time() - last_label_save > 30 or iteration == args.num_iterations:
+                    buffer.save(labels_path)
+                    last_label_save = time.time()
+
+            if pretraining:
+                print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
+                writer.add_scalar("labels/total", buffer.size, global_step)
+                completed = iteration
+                continue
+
+            # RLHF: the reward PPO optimises, for the whole rollout in one batched call
+            dones = terminations | truncations
+            if rlhf:
+                rewards_np = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(rollout_actions)).numpy()
+                absorbing_reward = ensemble.normalized_absorbing_reward()
+                for t in range(args.num_steps):  # predicted return of whole episodes, next to the true one
+                    predicted_episode_return += rewards_np[t]
+                    for i in np.flatnonzero(dones[t]):
+                        recent_predicted.append(predicted_episode_return[i])
+                        writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
+                    predicted_episode_return[dones[t]] = 0.0
+            else:
+                rewards_np, absorbing_reward = true_rewards.copy(), 0.0  # the true reward after a fall is 0 forever
+            reward_scale = discounted_return_scale(return_rms, rewards_np, dones, running_return, args.gamma)
+            # a termination enters the absorbing state: its value is its reward summed over an unbounded future
+            absorbing_value = absorbing_reward / reward_scale / (1 - args.gamma)
+            ppo_rewards = np.clip(rewards_np / reward_scale, -10, 10) + args.gamma * (
+                bootstrap * truncations + absorbing_value * terminations
+            )
+            rewards = torch.as_tensor(ppo_rewards, dtype=torch.float32).to(device)
+            step_dones = torch.as_tensor(dones, dtype=torch.float32).to(device)
+
+            # bootstrap value if not done
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs).reshape(1, -1)
+                advantages = torch.zeros_like(rewards).to(device)
+                lastgaelam = 0
+                for t in reversed(range(args.num_steps)):
+                    nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
+                    nextnonterminal = 1.0 - step_dones[t]
+                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                    advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                returns = advantages + values
+
+            # flatten the batch
+            b_obs = obs.reshape((-1, obs_dim))
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape((-1, act_dim))
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # Optimizing the policy and value network
+            b_inds = np.arange(args.batch_size)
+            clipfracs = []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    end = start + args.minibatch_size
+                    mb_inds = b_inds[start:end]
+
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
+
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    newvalue = newvalue.view(-1)
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds],
+                            -args.clip_coef,
+                            args.clip_coef,
+                        )
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                        v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
+                        v_loss = 0.5 * v_loss_max.mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+            # TRY NOT TO MODIFY: record rewards for plotting purposes
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            line = f"step {global_step}, SPS {sps}"
+            if recent_returns:
+                line += f", true return {np.mean(recent_returns[-10:]):.1f}"
+            if rlhf:
+                # RLHF: how well the learned reward tracks the true one
+                correlation = np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
+                writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
+                writer.add_scalar("reward_model/val_loss", val_loss.mean().item(), global_step)
+                writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
+                writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
+                writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+                writer.add_scalar("reward_model/absorbing_reward", absorbing_reward, global_step)
+                writer.add_scalar("labels/total", buffer.size, global_step)
+                writer.add_scalar("labels/pending", teacher.pending, global_step)
+                if recent_predicted:
+                    line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
+                line += f", labels {buffer.size}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
+            print(line)
+            recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+
+            completed = iteration
+            if args.save_model and iteration % args.checkpoint_every == 0:
+                save_checkpoint(
+                    checkpoint_path,
+                    args,
+                    agent,
+                    optimizer,
+                    obs_rms,
+                    return_rms,
+                    ensemble,
+                    reward_optimizer,
+                    l2_coef,
+                    global_step,
+                    completed,
+                )
+    except KeyboardInterrupt:
+        print(f"interrupted at step {global_step}")
+    finally:
+        # nothing is lost when a run stops: labels always, the checkpoint with --save-model (resume with --resume)
+        if rlhf:
+            buffer.save(labels_path)
+            print(f"{buffer.size} labels saved to {labels_path}")
+        if args.save_model:
+            save_checkpoint(
+                checkpoint_path,
+                args,
+                agent,
+                optimizer,
+                obs_rms,
+                return_rms,
+                ensemble,
+                reward_optimizer,
+                l2_coef,
+                global_step,
+                completed,
+            )
+            print(f"checkpoint saved to {checkpoint_path}")
+        envs.close()
+        writer.close()
