@@ -92,7 +92,7 @@ class Args:
     """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%)"""
     pretrain_steps: int = 10240
     """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
-    pretrain_epochs: int = 200
+    pretrain_epochs: int = 50
     """epochs of reward-model training on the pretraining labels before RL starts"""
     schedule_horizon: float = 2e6
     """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6)"""
@@ -104,10 +104,12 @@ class Args:
     """number of reward predictors in the ensemble (C17: 3)"""
     reward_lr: float = 3e-4
     """learning rate of the reward model (Adam)"""
-    reward_batch_size: int = 128
+    reward_batch_size: int = 64
     """preference pairs per reward-model gradient step"""
-    reward_updates: int = 4
+    reward_updates: int = 3
     """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2)"""
+    reward_eval_every: int = 10
+    """iterations between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
     """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1 on MuJoCo)"""
     label_noise: float = 0.1
@@ -168,8 +170,8 @@ def validate_args(args: Args) -> None:
         )
     if not 0 < args.pretrain_fraction <= 1:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
-    if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 0:
-        raise SystemExit("error: --ensemble-size and --candidate-multiplier must be positive")
+    if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:
+        raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # each queried pair needs two segments of its own from one rollout
@@ -313,20 +315,21 @@ class RewardEnsemble(nn.Module):
         return x.reshape(self.size, *lead)
 
     def segment_returns(self, segments):
-        """Undiscounted predicted return of each segment for each member: (size, n). Absorbing steps (mask 0) earn
-        the member's absorbing-state reward."""
-        rewards = self(segments["obs"], segments["act"])
-        mask = segments["mask"]
-        return (rewards * mask).sum(-1) + self.absorbing_reward[:, None] * (1 - mask).sum(-1)
+        """Undiscounted predicted return of each segment for each member: (size, ...)."""
+        return self.sum_segments(self(segments["obs"], segments["act"]), segments["mask"])
+
+    def sum_segments(self, rewards, mask):
+        """Sum step rewards (size, ..., L) over segments; absorbing steps (mask 0) earn the absorbing-state reward."""
+        absorbing = self.absorbing_reward.view((self.size,) + (1,) * (rewards.dim() - 2))
+        return (rewards * mask).sum(-1) + absorbing * (1 - mask).sum(-1)
 
     def l2_penalty(self):
         """Sum of squared weights of each member: (size,)."""
         return sum((w**2).sum((1, 2)) for w in self.weights)
 
     @torch.no_grad()
-    def fit_normalization(self, obs, act, target_std=1.0):
-        """Set the normalisation from the raw rewards of the given steps (those the teacher has judged)."""
-        raw = self(obs, act)
+    def fit_normalization(self, raw, target_std=1.0):
+        """Set the normalisation from raw member rewards (size, n) of the steps the teacher has judged."""
         self.member_mean.copy_(raw.mean(1))
         self.member_std.copy_(raw.std(1) + 1e-8)
         averaged = ((raw - self.member_mean[:, None]) / self.member_std[:, None]).mean(0)
@@ -523,28 +526,27 @@ def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, 
 
 
 @torch.no_grad()
-def evaluate_reward_model(ensemble, buffer, label_noise):
+def evaluate_reward_model(ensemble, buffer, label_noise, target_std):
     """Training and validation loss of each member on its own split, and the share of held-out strict preferences
     each member orders correctly (averaged over members). Also refits the reward normalisation on the judged steps."""
-    left, right, batch = buffer.get()
-    returns_left, returns_right = ensemble.segment_returns(left), ensemble.segment_returns(right)
-    losses = preference_loss(returns_left, returns_right, batch["mu"], label_noise)
+    _, _, batch = buffer.get()
+    step_rewards = ensemble(batch["obs"], batch["act"])  # (members, labels, 2, L): one pass for everything below
+    returns = ensemble.sum_segments(step_rewards, batch["mask"])
+    losses = preference_loss(returns[..., 0], returns[..., 1], batch["mu"], label_noise)
     is_val = batch["is_val"].T.float()
     is_train = 1 - is_val
     train_loss = (losses * is_train).sum(1) / is_train.sum(1).clamp(min=1)
-    val_loss = (losses * is_val).sum(1) / is_val.sum(1).clamp(min=1)
-    strict = (batch["mu"] != 0.5).float()
-    correct = ((returns_left > returns_right).float() == batch["mu"]).float()
-    judged = is_val * strict
+    val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
+    correct = ((returns[..., 0] > returns[..., 1]).float() == batch["mu"]).float()
+    judged = is_val * (batch["mu"] != 0.5).float()  # "equal" answers have no right order
     val_accuracy = ((correct * judged).sum(1) / judged.sum(1).clamp(min=1)).mean().item()
-    real = batch["mask"] > 0
-    ensemble.fit_normalization(batch["obs"][real], batch["act"][real])
-    has_val = bool(is_val.sum() > 0)
-    return train_loss, val_loss, val_accuracy, has_val
+    ensemble.fit_normalization(step_rewards[:, batch["mask"] > 0], target_std)
+    return train_loss, val_loss, val_accuracy
 
 
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
-    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss."""
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
+    loss, no held-out label yet, leaves the coefficient as it is)."""
     ratio = val_loss / train_loss.clamp(min=1e-8)
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
 
@@ -711,6 +713,9 @@ if __name__ == "__main__":
     obs_rms.update(next_obs_raw)
     next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
     recent_returns, recent_predicted = [], []
+    fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
+    train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
+    val_accuracy = math.nan
     completed = start_iteration - 1  # the last iteration whose update finished (what a checkpoint resumes after)
 
     try:
@@ -770,41 +775,32 @@ if __name__ == "__main__":
                     teacher.ask(left, right)
                 for left, right, mu in teacher.poll():
                     buffer.add(left, right, mu)
-                if iteration == args.pretrain_iterations:
-                    # RLHF: C17 A.1: fit the reward model on the initial policy's labels before RL starts
-                    epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
-                    for epoch in range(args.pretrain_epochs):
-                        train_reward_model(
-                            ensemble,
-                            reward_optimizer,
-                            buffer,
-                            l2_coef,
-                            epoch_steps,
-                            args.reward_batch_size,
-                            args.label_noise,
-                            rng,
-                        )
-                        train_loss, val_loss, val_accuracy, has_val = evaluate_reward_model(ensemble, buffer, args.label_noise)
-                        if has_val:
-                            l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                    print(
-                        f"reward model pretrained on {buffer.size} labels: val accuracy {val_accuracy:.2f}, "
-                        f"train loss {train_loss.mean():.3f}, val loss {val_loss.mean():.3f}"
-                    )
-                elif not pretraining:
+                if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
+                    rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
+                else:  # then it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
+                    rounds, steps_per_round = (0 if pretraining else 1), args.reward_updates
+                for fit_round in range(1, rounds + 1):
                     train_reward_model(
                         ensemble,
                         reward_optimizer,
                         buffer,
                         l2_coef,
-                        args.reward_updates,
+                        steps_per_round,
                         args.reward_batch_size,
                         args.label_noise,
                         rng,
                     )
-                train_loss, val_loss, val_accuracy, has_val = evaluate_reward_model(ensemble, buffer, args.label_noise)
-                if has_val and not pretraining:
-                    l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                    fits += 1
+                    if fits % args.reward_eval_every == 0 or (iteration == args.pretrain_iterations and fit_round == rounds):
+                        train_loss, val_loss, val_accuracy = evaluate_reward_model(
+                            ensemble, buffer, args.label_noise, args.reward_std
+                        )
+                        l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                if iteration == args.pretrain_iterations:
+                    print(
+                        f"reward model pretrained on {buffer.size} labels: val accuracy {val_accuracy:.2f}, "
+                        f"train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
+                    )
                 if time.time() - last_label_save > 30 or iteration == args.num_iterations:
                     buffer.save(labels_path)
                     last_label_save = time.time()
@@ -931,9 +927,10 @@ if __name__ == "__main__":
                 line += f", true return {np.mean(recent_returns[-10:]):.1f}"
             if rlhf:
                 # RLHF: how well the learned reward tracks the true one
-                correlation = np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
+                constant = rewards_np.std() == 0 or true_rewards.std() == 0  # e.g. InvertedPendulum: true reward is 1
+                correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
                 writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
-                writer.add_scalar("reward_model/val_loss", val_loss.mean().item(), global_step)
+                writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
                 writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
                 writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
                 writer.add_scalar("reward_model/true_correlation", correlation, global_step)
