@@ -11,6 +11,7 @@ from typing import Literal, Optional
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering for --capture-video; must be set before mujoco loads
 
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.nn as nn
@@ -142,6 +143,14 @@ def validate_args(args: Args) -> None:
         close = difflib.get_close_matches(args.env, list(gym.registry), n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise SystemExit(f"error: unknown environment id '{args.env}'.{hint}")
+    try:
+        probe = gym.make(args.env)
+    except Exception as error:  # e.g. a registered id whose simulator is not installed
+        raise SystemExit(f"error: cannot create {args.env}: {error}") from None
+    continuous = isinstance(probe.action_space, gym.spaces.Box) and len(probe.observation_space.shape) == 1
+    probe.close()
+    if not continuous:
+        raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
     if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1:
         raise SystemExit("error: --num-envs, --num-steps and --total-timesteps must be positive")
     args.batch_size = args.num_envs * args.num_steps
@@ -200,11 +209,45 @@ def label_schedule(args: Args) -> np.ndarray:
     return per_iteration
 
 
-def make_env(env_id, idx, capture_video, run_name):
+class RecordEpisodeVideo(gym.Wrapper):
+    """Saves episodes 0, 1, 8, 27, ... (cubes, then every 1000th) as MP4 with imageio; renders only those episodes
+    (MuJoCo's software rendering is slow: about 15 frames/s at 160x160)."""
+
+    def __init__(self, env, folder):
+        super().__init__(env)
+        self.folder, self.episode, self.frames = folder, -1, None
+        os.makedirs(folder, exist_ok=True)
+
+    def reset(self, **kwargs):
+        self._flush()
+        obs, info = self.env.reset(**kwargs)
+        self.episode += 1
+        cube = round(self.episode ** (1 / 3)) ** 3 == self.episode
+        self.frames = [self.env.render()] if (cube and self.episode < 1000) or self.episode % 1000 == 0 else None
+        return obs, info
+
+    def step(self, action):
+        result = self.env.step(action)
+        if self.frames is not None:
+            self.frames.append(self.env.render())
+        return result
+
+    def _flush(self):
+        if self.frames:
+            fps = self.env.metadata.get("render_fps", 30)
+            imageio.mimsave(f"{self.folder}/episode-{self.episode}.mp4", self.frames, fps=fps, macro_block_size=1)
+        self.frames = None
+
+    def close(self):
+        self._flush()
+        super().close()
+
+
+def make_env(env_id, idx, capture_video, run_dir):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, f"runs/{run_name}/videos")
+            env = gym.make(env_id, render_mode="rgb_array", width=160, height=160)
+            env = RecordEpisodeVideo(env, f"{run_dir}/videos")
         else:
             env = gym.make(env_id)
         env = gym.wrappers.RecordEpisodeStatistics(env)  # innermost: charts/episodic_return is the standard true return
@@ -623,14 +666,13 @@ if __name__ == "__main__":
             returns = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed)
             print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
             sys.exit(0)
-        run_name = os.path.basename(os.path.normpath(args.resume))
+        run_dir = os.path.normpath(args.resume)
     elif args.eval_only:
         raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
     else:
-        run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"runs/{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
     validate_args(args)
     rlhf = args.feedback != "true-reward"
-    run_dir = f"runs/{run_name}"
     os.makedirs(run_dir, exist_ok=True)
     writer = SummaryWriter(run_dir)
     writer.add_text(
@@ -649,11 +691,9 @@ if __name__ == "__main__":
 
     # env setup
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env, i, args.capture_video, run_name) for i in range(args.num_envs)],
+        [make_env(args.env, i, args.capture_video, run_dir) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
-        raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
 
     agent = Agent(obs_dim, act_dim).to(device)

@@ -1,0 +1,514 @@
+"""Unit tests of rlhf_ppo_mujoco.py's pieces: preference model, reward ensemble, labels, teacher, pair selection and
+label schedule. Expectations come from the definitions (C17, B-Pref) or from seeded statistics; nothing is trained
+on an environment."""
+
+import math
+
+import numpy as np
+import pytest
+import rlhf_ppo_mujoco as rl
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def seeded_torch():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def make_segments(rng, n, length, obs_dim=3, act_dim=1, real_steps=None):
+    """Random segments (n, length, ...) with true reward obs[..., 0]; `real_steps` (n,) ends each one in a termination
+    after that many steps (the rest are absorbing steps: mask 0, everything zeroed, as sample_segments makes them)."""
+    real_steps = np.full(n, length) if real_steps is None else real_steps
+    mask = (np.arange(length) < real_steps[:, None]).astype(np.float32)
+    obs = rng.normal(size=(n, length, obs_dim)).astype(np.float32) * mask[..., None]
+    act = rng.normal(size=(n, length, act_dim)).astype(np.float32) * mask[..., None]
+    return {"obs": obs, "act": act, "mask": mask, "true_reward": obs[..., 0].copy()}
+
+
+def random_terminations(rng, n, length):
+    """Real steps per segment: about half the segments end in a termination somewhere inside."""
+    return np.where(rng.random(n) < 0.5, rng.integers(1, length + 1, n), length)
+
+
+def fill_buffer(rng, n, length=5, size=3, obs_dim=3, act_dim=1, terminations=False):
+    """A LabelBuffer holding n pairs of random segments labelled by the perfect synthetic teacher."""
+    real = (lambda: random_terminations(rng, n, length)) if terminations else (lambda: None)
+    left = make_segments(rng, n, length, obs_dim, act_dim, real())
+    right = make_segments(rng, n, length, obs_dim, act_dim, real())
+    mu = rl.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"])
+    buffer = rl.LabelBuffer(n, length, obs_dim, act_dim, size, rng)
+    assert buffer.add(left, right, mu) == n
+    return buffer
+
+
+def random_steps(rng, n, obs_dim=3, act_dim=1):
+    return (torch.as_tensor(rng.normal(size=(n, dim)), dtype=torch.float32) for dim in (obs_dim, act_dim))
+
+
+def make_rollout(rng, steps, envs, obs_dim=3, act_dim=1, p_terminated=0.0, p_truncated=0.0):
+    """A rollout dict shaped (steps, envs, ...) whose true reward tells where a step came from: code(t, e) = 1 + 10t + e."""
+    assert envs < 10
+    code = 1 + 10 * np.arange(steps)[:, None] + np.arange(envs)[None, :]
+    return {
+        "obs": rng.normal(size=(steps, envs, obs_dim)).astype(np.float32),
+        "act": rng.normal(size=(steps, envs, act_dim)).astype(np.float32),
+        "true_reward": code.astype(np.float32),
+        "terminated": rng.random((steps, envs)) < p_terminated,
+        "truncated": rng.random((steps, envs)) < p_truncated,
+    }
+
+
+def member_reward(ensemble, k, obs, act):
+    """Member k's per-step reward, computed layer by layer from its own slice of the batched parameters."""
+    x = torch.cat([torch.as_tensor(obs), torch.as_tensor(act)], -1)
+    for i, (w, b) in enumerate(zip(ensemble.weights, ensemble.biases)):
+        x = x @ w[k] + b[k, 0]
+        if i < len(ensemble.weights) - 1:
+            x = torch.where(x > 0, x, 0.01 * x)
+    return x[..., 0]
+
+
+def member_return(ensemble, k, segments):
+    """Member k's return: its reward on real steps plus its absorbing-state reward on each absorbing step."""
+    seg = rl.to_torch(segments)
+    real = member_reward(ensemble, k, seg["obs"], seg["act"]) * seg["mask"]
+    return real.sum(-1) + ensemble.absorbing_reward[k] * (1 - seg["mask"]).sum(-1)
+
+
+def set_absorbing(ensemble, values):
+    with torch.no_grad():
+        ensemble.absorbing_reward.copy_(torch.as_tensor(values, dtype=torch.float32))
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 1. preference loss
+
+
+def scalar_loss(margin, mu, noise, dtype=torch.float64):
+    return rl.preference_loss(torch.tensor(margin, dtype=dtype), torch.tensor(0.0, dtype=dtype), mu, noise)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1, 0.3])
+def test_preference_loss_is_the_noisy_bradley_terry_cross_entropy(rng, noise):
+    r_left, r_right = rng.normal(0, 3, (2, 300))
+    mu = rng.choice([0.0, 0.5, 1.0], 300)
+    loss = rl.preference_loss(torch.as_tensor(r_left), torch.as_tensor(r_right), torch.as_tensor(mu), noise)
+    p = (1 - noise) * sigmoid(r_left - r_right) + noise / 2
+    np.testing.assert_allclose(loss.numpy(), -(mu * np.log(p) + (1 - mu) * np.log(1 - p)), rtol=1e-7, atol=1e-10)
+
+
+def test_label_noise_bounds_the_loss_of_a_confidently_wrong_prediction():
+    for margin in (-10.0, -1e3, -1e6):
+        loss = scalar_loss(margin, 1.0, 0.1, torch.float32)
+        assert torch.isfinite(loss) and loss <= -math.log(0.05) + 1e-5
+    noiseless = [scalar_loss(-margin, 1.0, 0.0).item() for margin in (1, 5, 20, 50)]
+    assert all(a < b for a, b in zip(noiseless, noiseless[1:]))
+    assert noiseless[-1] > 49  # -log sigmoid(-50) ~ 50: nothing bounds it
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_an_equal_label_is_fitted_best_by_equal_returns(noise):
+    r_right = torch.tensor(0.7, dtype=torch.float64)
+    r_left = r_right.clone().requires_grad_(True)
+    loss = rl.preference_loss(r_left, r_right, 0.5, noise)
+    loss.backward()
+    assert abs(r_left.grad.item()) < 1e-12
+    for margin in (-2.0, 2.0):
+        assert rl.preference_loss(r_right + margin, r_right, 0.5, noise).item() > loss.item() + 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 2. reward ensemble
+
+
+def test_ensemble_members_are_independent_mlps_over_any_leading_dims(rng):
+    ensemble = rl.RewardEnsemble(3, 2, size=4)
+    for lead in [(7,), (5, 2, 6)]:
+        obs = torch.as_tensor(rng.normal(size=lead + (3,)), dtype=torch.float32)
+        act = torch.as_tensor(rng.normal(size=lead + (2,)), dtype=torch.float32)
+        with torch.no_grad():
+            out = ensemble(obs, act)
+            assert out.shape == (4,) + lead
+            for k in range(4):
+                torch.testing.assert_close(out[k], member_reward(ensemble, k, obs, act), rtol=1e-5, atol=1e-5)
+    flat = out.reshape(4, -1)
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert (flat[i] - flat[j]).abs().max() > 1e-3, f"members {i} and {j} compute the same reward"
+
+
+def test_segment_returns_add_the_absorbing_reward_for_each_step_after_a_termination(rng):
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    set_absorbing(ensemble, [-1.5, 0.25, 3.0])
+    length, n = 6, 40
+    segments = make_segments(rng, n, length, real_steps=rng.integers(1, length + 1, n))
+    segments["obs"] += 5 * (1 - segments["mask"][..., None])  # what sits in absorbing steps must not count
+    with torch.no_grad():
+        returns = ensemble.segment_returns(rl.to_torch(segments))
+        assert returns.shape == (3, n)
+        for k in range(3):
+            torch.testing.assert_close(returns[k], member_return(ensemble, k, segments), rtol=1e-5, atol=1e-5)
+        # pairs shaped (n/2, 2, L), as the label buffer stores them, sum the same way
+        paired = {key: value.reshape((n // 2, 2) + value.shape[1:]) for key, value in segments.items()}
+        torch.testing.assert_close(ensemble.segment_returns(rl.to_torch(paired)), returns.reshape(3, n // 2, 2))
+
+
+def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases():
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    with torch.no_grad():
+        for b in ensemble.biases:
+            b.add_(10.0)  # biases (and the absorbing reward) must not count
+        ensemble.absorbing_reward.fill_(10.0)
+    penalty = ensemble.l2_penalty()
+    expected = [sum(torch.linalg.norm(w[k].flatten()) ** 2 for w in ensemble.weights) for k in range(3)]
+    torch.testing.assert_close(penalty, torch.stack(expected))
+    penalty[1].backward()  # member 1's penalty pulls on its own weights only
+    for w in ensemble.weights:
+        torch.testing.assert_close(w.grad[1], 2 * w[1].detach())
+        assert (w.grad[[0, 2]] == 0).all()
+    assert all(b.grad is None or (b.grad == 0).all() for b in ensemble.biases)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 3. reward normalisation
+
+
+@pytest.mark.parametrize("target_std", [1.0, 0.05])
+def test_normalised_reward_has_zero_mean_and_the_target_std_on_the_fitted_steps(rng, target_std):
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    obs, act = random_steps(rng, 500)
+    with torch.no_grad():
+        ensemble.fit_normalization(ensemble(obs, act), target_std)
+    reward = ensemble.normalized_reward(obs, act).numpy()
+    assert reward.shape == (500,)
+    assert abs(reward.mean()) < 1e-3 * target_std
+    assert reward.std() == pytest.approx(target_std, rel=1e-2)
+
+
+def test_each_member_is_normalised_separately(rng):
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    obs, act = random_steps(rng, 500)
+    with torch.no_grad():
+        ensemble.fit_normalization(ensemble(obs, act))
+        before = ensemble.normalized_reward(obs, act)
+        ensemble.weights[-1][1] *= 10  # an affine change of member 1's output: 10 x its reward + a constant
+        ensemble.biases[-1][1] += 5
+        assert (ensemble.normalized_reward(obs, act) - before).abs().max() > 0.1  # it matters until refitted
+        ensemble.fit_normalization(ensemble(obs, act))
+        torch.testing.assert_close(ensemble.normalized_reward(obs, act), before, rtol=0, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 4. reward-model training
+
+
+def test_reward_model_learns_a_known_reward_from_synthetic_preferences(rng):
+    buffer = fill_buffer(rng, 400)  # true reward: obs[..., 0]
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    optimizer = torch.optim.Adam(ensemble.parameters(), lr=3e-3)
+    rl.train_reward_model(ensemble, optimizer, buffer, torch.full((3,), 1e-4), 300, 64, 0.1, rng)
+    train_loss, val_loss, val_accuracy = rl.evaluate_reward_model(ensemble, buffer, 0.1, 1.0)
+    assert train_loss.shape == val_loss.shape == (3,)
+    assert val_accuracy > 0.85
+    obs, act = random_steps(rng, 2000)
+    learned = ensemble.normalized_reward(obs, act).numpy()
+    assert np.corrcoef(learned, obs[:, 0].numpy())[0, 1] > 0.9
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 5. bootstrap ensemble
+
+
+def test_label_buffer_holds_out_one_over_e_per_member_and_poisson_weights_the_rest(rng):
+    size, n = 4, 5000
+    buffer = fill_buffer(rng, n, length=2, size=size, obs_dim=1)
+    is_val, weight = buffer.data["is_val"][:n], buffer.data["weight"][:n]
+    np.testing.assert_allclose(is_val.mean(0), 1 / math.e, atol=0.03)
+    assert (weight[is_val] == 0).all()
+    for k in range(size):
+        train = weight[~is_val[:, k], k]
+        assert (train == np.round(train)).all() and (train >= 0).all()
+        assert train.mean() == pytest.approx(1, abs=0.06)
+        assert train.var() == pytest.approx(1, abs=0.1)
+        assert (train == 0).mean() == pytest.approx(math.exp(-1), abs=0.03)
+    p = 1 / math.e
+    for i in range(size):
+        for j in range(i + 1, size):  # each member draws its own split, independently of the others
+            assert (is_val[:, i] == is_val[:, j]).mean() == pytest.approx(p**2 + (1 - p) ** 2, abs=0.03)
+
+
+def test_training_ignores_the_labels_a_member_gives_weight_zero(rng):
+    buffer = fill_buffer(rng, 64, size=2, terminations=True)
+    buffer.data["weight"][:, 0] = 0  # member 0 holds out everything
+    buffer.data["weight"][:, 1] = 1
+    ensemble = rl.RewardEnsemble(3, 1, size=2)
+    before = [p.detach().clone() for p in ensemble.parameters()]
+    optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-2)
+    rl.train_reward_model(ensemble, optimizer, buffer, torch.zeros(2), 10, 32, 0.1, rng)
+    for old, new in zip(before, ensemble.parameters()):
+        assert torch.equal(old[0], new[0].detach())
+        assert not torch.equal(old[1], new[1].detach())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 6. pair selection
+
+
+def test_disagreement_is_the_variance_of_the_members_preference_probabilities(rng):
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    set_absorbing(ensemble, [-4.0, 0.0, 4.0])
+    left = make_segments(rng, 8, 4)
+    right = {k: v.copy() for k, v in left.items()}  # identical real segments: every member says 50/50
+    for key in left:  # except pair 5, whose left segment ends in a termination after 2 steps
+        left[key][5, 2:] = 0
+    scores = rl.disagreement(ensemble, left, right)
+    with torch.no_grad():
+        p = torch.stack([torch.sigmoid(member_return(ensemble, k, left) - member_return(ensemble, k, right)) for k in range(3)])
+    np.testing.assert_allclose(scores, p.numpy().var(0), rtol=1e-5, atol=1e-12)
+    assert np.argmax(scores) == 5 and scores[5] > 1e-3 and np.delete(scores, 5).max() < 1e-12
+
+
+@pytest.fixture
+def selection_setup(rng):
+    rollout = make_rollout(rng, 30, 2, p_terminated=0.1, p_truncated=0.03)
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    set_absorbing(ensemble, [-3.0, 0.0, 3.0])
+    return ensemble, rollout
+
+
+def test_variance_selection_keeps_the_candidates_the_members_disagree_on_most(selection_setup):
+    ensemble, rollout = selection_setup
+    num_pairs, multiplier, length = 5, 8, 4
+    left, right = rl.select_pairs(np.random.default_rng(3), ensemble, rollout, length, num_pairs, multiplier, "variance")
+    replay = np.random.default_rng(3)  # draws the same candidates as select_pairs did
+    candidates = [rl.sample_segments(replay, rollout, length, num_pairs * multiplier) for _ in range(2)]
+    scores = rl.disagreement(ensemble, *candidates)
+    assert len(np.unique(scores)) > num_pairs  # the ranking is not decided by ties
+    chosen = rl.disagreement(ensemble, left, right)
+    np.testing.assert_allclose(chosen, np.sort(scores)[::-1][:num_pairs], rtol=1e-6)
+    for i in range(num_pairs):  # each chosen pair is a candidate pair, left and right kept together
+        same = [
+            np.array_equal(left["true_reward"][i], a) and np.array_equal(right["true_reward"][i], b)
+            for a, b in zip(candidates[0]["true_reward"], candidates[1]["true_reward"])
+        ]
+        assert any(same)
+
+
+def test_random_selection_keeps_the_pairs_as_drawn(selection_setup):
+    ensemble, rollout = selection_setup
+    left, right = rl.select_pairs(np.random.default_rng(3), ensemble, rollout, 4, 5, 8, "random")
+    replay = np.random.default_rng(3)
+    for chosen in (left, right):
+        drawn = rl.sample_segments(replay, rollout, 4, 5)
+        for key in drawn:
+            np.testing.assert_array_equal(chosen[key], drawn[key])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 7. segments
+
+
+def valid_starts(rollout, length):
+    """Starts (t, e) of the segments that stay in one episode: they stop at a termination (then absorbing steps) or
+    after `length` steps, never cross a time-limit truncation, and never run past the rollout's end."""
+    terminated, truncated = rollout["terminated"], rollout["truncated"]
+    steps, envs = terminated.shape
+    valid = set()
+    for t0 in range(steps):
+        for e in range(envs):
+            for j in range(length):
+                t = t0 + j
+                if t >= steps or (truncated[t, e] and not terminated[t, e] and j < length - 1):
+                    break
+                if terminated[t, e] or j == length - 1:
+                    valid.add((t0, e))
+                    break
+    return valid
+
+
+def test_segments_are_windows_of_one_episode_padded_with_absorbing_steps(rng):
+    length, steps, envs = 6, 40, 3
+    rollout = make_rollout(rng, steps, envs, p_terminated=0.06, p_truncated=0.06)
+    rollout["terminated"][34:, 1] = rollout["truncated"][34:, 1] = False
+    rollout["terminated"][37, 1] = True  # segments from 34-37 run past the rollout's end after this termination
+    rollout["terminated"][5:11, 2] = rollout["truncated"][5:11, 2] = False
+    rollout["terminated"][10, 2] = rollout["truncated"][10, 2] = True  # a termination at the time limit
+    segments = rl.sample_segments(rng, rollout, length, 3000)
+    mask = segments["mask"]
+    assert mask.shape == segments["true_reward"].shape == (3000, length) and segments["obs"].shape == (3000, length, 3)
+    assert set(np.unique(mask)) <= {0.0, 1.0} and (mask[:, 0] == 1).all()
+    assert (np.diff(mask, axis=1) <= 0).all()  # real steps first, then absorbing ones
+    t0, e = np.divmod(segments["true_reward"][:, 0].astype(int) - 1, 10)
+    expected_starts = valid_starts(rollout, length)
+    assert {(34, 1), (37, 1), (7, 2)} <= expected_starts and (38, 1) not in expected_starts
+    assert set(zip(t0.tolist(), e.tolist())) == expected_starts
+    done = rollout["terminated"] | rollout["truncated"]
+    for j in range(length):
+        real = mask[:, j] == 1
+        t = t0[real] + j
+        assert (t < steps).all()
+        for key in ("obs", "act", "true_reward"):
+            np.testing.assert_array_equal(segments[key][real, j], rollout[key][t, e[real]])
+            assert (segments[key][~real, j] == 0).all()
+        if j < length - 1:
+            ends_here = real & (mask[:, j + 1] == 0)
+            goes_on = real & (mask[:, j + 1] == 1)
+            assert rollout["terminated"][t0[ends_here] + j, e[ends_here]].all()
+            assert not done[t0[goes_on] + j, e[goes_on]].any()
+
+
+def test_a_rollout_without_room_for_a_segment_is_refused(rng):
+    rollout = make_rollout(rng, 10, 2)
+    rollout["truncated"][::2] = True  # episodes of 2 steps: no 3-step segment fits
+    with pytest.raises(RuntimeError):
+        rl.sample_segments(rng, rollout, 3, 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 8. label schedule
+
+SCHEDULES = [
+    {},  # the defaults: 1M steps, 1400 labels, 2048-step rollouts
+    {"labels": 700},
+    {"total_timesteps": 123457, "labels": 333, "num_steps": 1000, "num_minibatches": 8, "pretrain_steps": 5000},
+    {"total_timesteps": 30000, "labels": 101, "segment_len": 25},
+    {"total_timesteps": 2_000_001, "num_envs": 4, "num_steps": 512, "labels": 1401, "pretrain_fraction": 0.3},
+    {"total_timesteps": 9999, "num_steps": 1024, "pretrain_steps": 1000, "labels": 77, "pretrain_fraction": 0.5},
+]
+
+
+@pytest.mark.parametrize("overrides", SCHEDULES)
+def test_label_schedule_spends_the_budget_exactly_at_the_c17_rate(overrides):
+    args = rl.Args(**overrides)
+    rl.validate_args(args)
+    per_iteration = rl.label_schedule(args)
+    pre = args.pretrain_iterations
+    assert per_iteration.shape == (args.num_iterations,) and pre >= 1
+    assert (per_iteration >= 0).all() and per_iteration.sum() == args.labels
+    pretrain = round(args.labels * args.pretrain_fraction)
+    assert per_iteration[:pre].sum() == pretrain
+    assert per_iteration[:pre].max() - per_iteration[:pre].min() <= 1  # spread evenly over the initial policy's rollouts
+    steps_so_far = np.arange(pre + 1, args.num_iterations + 1) * args.batch_size
+    rate = args.schedule_horizon / (steps_so_far + args.schedule_horizon)
+    ideal = (args.labels - pretrain) * np.cumsum(rate) / rate.sum()
+    post = per_iteration[pre:]
+    assert np.abs(np.cumsum(post) - ideal).max() <= 1
+    half = len(post) // 2
+    first, second = post[:half].sum(), post[len(post) - half :].sum()
+    ideal_first, ideal_second = ideal[half - 1], ideal[-1] - ideal[len(post) - half - 1]
+    assert first >= second
+    if ideal_first - ideal_second > 2:
+        assert first > second
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 9. synthetic teacher
+
+
+def teacher_pairs(rng, n=20000, length=4):
+    left, right = rng.normal(size=(2, n, length))
+    return left, right, left.sum(1) - right.sum(1)
+
+
+def test_perfect_teacher_prefers_the_larger_return_and_calls_exact_ties_equal(rng):
+    left, right = rng.integers(-2, 3, (2, 20000, 4)).astype(np.float64)
+    diff = left.sum(1) - right.sum(1)
+    assert (diff == 0).sum() > 1000
+    mu = rl.SyntheticTeacher(rng).preferences(left, right)
+    np.testing.assert_array_equal(mu, np.where(diff > 0, 1.0, np.where(diff < 0, 0.0, 0.5)))
+
+
+def test_boltzmann_teacher_prefers_left_with_probability_sigmoid_beta_d(rng):
+    beta = 0.7
+    left, right, diff = teacher_pairs(rng)
+    mu = rl.SyntheticTeacher(rng, beta=beta).preferences(left, right)
+    assert set(np.unique(mu)) == {0.0, 1.0}
+    for bin_ in np.array_split(np.argsort(diff), 10):
+        assert mu[bin_].mean() == pytest.approx(sigmoid(beta * diff[bin_]).mean(), abs=0.05)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.3])
+def test_teacher_with_mistakes_flips_a_share_epsilon_of_answers(rng, epsilon):
+    left, right, diff = teacher_pairs(rng)
+    mu = rl.SyntheticTeacher(rng, epsilon=epsilon).preferences(left, right)
+    assert set(np.unique(mu)) == {0.0, 1.0}
+    assert (mu != (diff > 0)).mean() == pytest.approx(epsilon, abs=0.02)
+
+
+def test_myopic_teacher_weighs_recent_steps_more(rng):
+    gamma, length = 0.5, 4
+    left, right, diff = teacher_pairs(rng, length=length)
+    weights = gamma ** (length - 1 - np.arange(length))  # the last step counts fully, the first gamma^(L-1)
+    discounted = left @ weights - right @ weights
+    assert (np.sign(discounted) != np.sign(diff)).sum() > 1000  # pairs where the two orders disagree
+    teacher = rl.SyntheticTeacher(rng, gamma=gamma)
+    np.testing.assert_array_equal(teacher.preferences(left, right), (discounted > 0).astype(float))
+    assert teacher.preferences(np.array([[3.0, 0, 0, 0]]), np.array([[0.0, 0, 0, 1]]))[0] == 0.0
+
+
+def test_teacher_skips_pairs_where_both_segments_are_below_the_threshold(rng):
+    threshold = 1.0
+    left, right, diff = teacher_pairs(rng, n=2000)
+    skipped = np.maximum(left.sum(1), right.sum(1)) < threshold
+    assert 0.1 < skipped.mean() < 0.9
+    teacher = rl.SyntheticTeacher(rng, skip_threshold=threshold)
+    mu = teacher.preferences(left, right)
+    np.testing.assert_array_equal(np.isnan(mu), skipped)
+    np.testing.assert_array_equal(mu[~skipped], (diff > 0)[~skipped])
+    pair = [{"true_reward": r, "obs": rng.normal(size=r.shape + (3,))} for r in (left, right)]
+    teacher.ask(*pair)
+    ((answered_left, answered_right, answered_mu),) = teacher.poll()
+    for answered, asked in zip((answered_left, answered_right), pair):
+        for key in asked:
+            np.testing.assert_array_equal(answered[key], asked[key][~skipped])
+    np.testing.assert_array_equal(answered_mu, (diff > 0)[~skipped])
+    assert teacher.poll() == []
+
+
+def test_teacher_calls_pairs_within_the_margin_equal(rng):
+    margin = 0.5
+    left, right, diff = teacher_pairs(rng)
+    mu = rl.SyntheticTeacher(rng, equal_margin=margin).preferences(left, right)
+    assert (np.abs(diff) <= margin).mean() > 0.05
+    np.testing.assert_array_equal(mu, np.where(np.abs(diff) <= margin, 0.5, (diff > 0).astype(float)))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 10-11. L2 adaptation, running statistics
+
+
+def test_adapt_l2_keeps_the_validation_loss_between_1_1_and_1_5_times_the_training_loss():
+    l2 = torch.full((5,), 1e-3)
+    train = torch.full((5,), 0.4)
+    val = torch.tensor([0.8, 0.41, 0.5, math.nan, 0.62])  # ratios 2, 1.025, 1.25, none yet, 1.55
+    torch.testing.assert_close(rl.adapt_l2(l2, train, val, factor=2.0), torch.tensor([2e-3, 5e-4, 1e-3, 1e-3, 2e-3]))
+    adapted = rl.adapt_l2(l2, train, val)
+    assert adapted[0] > l2[0] and adapted[4] > l2[4] and adapted[1] < l2[1]
+    assert adapted[2] == l2[2] and adapted[3] == l2[3]
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_running_mean_std_matches_numpy_over_the_concatenated_batches(rng, shape):
+    rms = rl.RunningMeanStd(shape)
+    batches = [rng.normal(5.0, 2.0, (n,) + shape) for n in (1, 7, 100, 33)]
+    for batch in batches:
+        rms.update(batch)
+    everything = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean, everything.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(rms.var, everything.var(0), rtol=1e-3)
+    assert rms.count == pytest.approx(len(everything), abs=1e-3)
