@@ -582,7 +582,7 @@ def evaluate_reward_model(ensemble, buffer, label_noise, target_std):
     val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
     correct = ((returns[..., 0] > returns[..., 1]).float() == batch["mu"]).float()
     judged = is_val * (batch["mu"] != 0.5).float()  # "equal" answers have no right order
-    val_accuracy = ((correct * judged).sum(1) / judged.sum(1).clamp(min=1)).mean().item()
+    val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
     ensemble.fit_normalization(step_rewards[:, batch["mask"] > 0], target_std)
     return train_loss, val_loss, val_accuracy
 
@@ -594,29 +594,7 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
 
 
-# Checkpoints and evaluation
-def save_checkpoint(
-    path, args, agent, optimizer, obs_rms, return_rms, ensemble, reward_optimizer, l2_coef, global_step, iteration
-):
-    tmp = path + ".tmp"
-    torch.save(
-        {
-            "args": vars(args),
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "obs_rms": obs_rms.state_dict(),
-            "return_rms": return_rms.state_dict(),
-            "reward_ensemble": ensemble.state_dict() if ensemble is not None else None,
-            "reward_optimizer": reward_optimizer.state_dict() if reward_optimizer is not None else None,
-            "l2_coef": l2_coef,
-            "global_step": global_step,
-            "iteration": iteration,
-        },
-        tmp,
-    )
-    os.replace(tmp, path)
-
-
+# Evaluation of a saved agent
 def evaluate(checkpoint_path, env_id, episodes, seed=0):
     """True (standard-rules) returns of the saved agent acting with its mean action."""
     checkpoint = torch.load(checkpoint_path, weights_only=False)
@@ -660,7 +638,7 @@ if __name__ == "__main__":
             raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
         checkpoint = torch.load(checkpoint_path, weights_only=False)
         # a resumed run keeps its own settings; only what to do with it comes from this command line
-        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes", "save_model", "checkpoint_every")}
+        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
         args = Args(**{**checkpoint["args"], **keep})
         if args.eval_only:
             returns = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed)
@@ -747,6 +725,23 @@ if __name__ == "__main__":
     running_return = np.zeros(args.num_envs)
     predicted_episode_return = np.zeros(args.num_envs)
 
+    def save_checkpoint():
+        """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
+        state = {
+            "args": vars(args),
+            "agent": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "obs_rms": obs_rms.state_dict(),
+            "return_rms": return_rms.state_dict(),
+            "reward_ensemble": ensemble.state_dict() if rlhf else None,
+            "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
+            "l2_coef": l2_coef,
+            "global_step": completed_step,
+            "iteration": completed,
+        }
+        torch.save(state, checkpoint_path + ".tmp")
+        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step, last_label_save = time.time(), global_step, time.time()
     next_obs_raw, _ = envs.reset(seed=args.seed)
@@ -756,7 +751,8 @@ if __name__ == "__main__":
     fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
     val_accuracy = math.nan
-    completed = start_iteration - 1  # the last iteration whose update finished (what a checkpoint resumes after)
+    # the last iteration whose update finished, and its step count: what a checkpoint resumes after
+    completed, completed_step = start_iteration - 1, global_step
 
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -848,7 +844,7 @@ if __name__ == "__main__":
             if pretraining:
                 print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
                 writer.add_scalar("labels/total", buffer.size, global_step)
-                completed = iteration
+                completed, completed_step = iteration, global_step
                 continue
 
             # RLHF: the reward PPO optimises, for the whole rollout in one batched call
@@ -983,21 +979,9 @@ if __name__ == "__main__":
             print(line)
             recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
 
-            completed = iteration
+            completed, completed_step = iteration, global_step
             if args.save_model and iteration % args.checkpoint_every == 0:
-                save_checkpoint(
-                    checkpoint_path,
-                    args,
-                    agent,
-                    optimizer,
-                    obs_rms,
-                    return_rms,
-                    ensemble,
-                    reward_optimizer,
-                    l2_coef,
-                    global_step,
-                    completed,
-                )
+                save_checkpoint()
     except KeyboardInterrupt:
         print(f"interrupted at step {global_step}")
     finally:
@@ -1006,19 +990,7 @@ if __name__ == "__main__":
             buffer.save(labels_path)
             print(f"{buffer.size} labels saved to {labels_path}")
         if args.save_model:
-            save_checkpoint(
-                checkpoint_path,
-                args,
-                agent,
-                optimizer,
-                obs_rms,
-                return_rms,
-                ensemble,
-                reward_optimizer,
-                l2_coef,
-                global_step,
-                completed,
-            )
+            save_checkpoint()
             print(f"checkpoint saved to {checkpoint_path}")
         envs.close()
         writer.close()

@@ -68,7 +68,7 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
 
 
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
-    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 40960") + " --labels 100 --save-model"
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), *args.split()], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -89,7 +89,7 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
     final = np.load(run_dir / "labels.npz")
     assert len(final["mu"]) == 100  # the whole budget, nothing asked twice
     np.testing.assert_array_equal(final["obs"][: len(saved["mu"])], saved["obs"])  # the old labels are kept as they were
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 40960
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 8192
 
 
 @pytest.mark.parametrize(
