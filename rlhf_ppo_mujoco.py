@@ -597,7 +597,7 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
 # Evaluation of a saved agent
 def evaluate(checkpoint_path, env_id, episodes, seed=0):
     """True (standard-rules) returns of the saved agent acting with its mean action."""
-    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
     env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
     obs_rms = RunningMeanStd()
     obs_rms.load_state_dict(checkpoint["obs_rms"])
@@ -636,7 +636,7 @@ if __name__ == "__main__":
         checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
         if not os.path.isfile(checkpoint_path):
             raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
-        checkpoint = torch.load(checkpoint_path, weights_only=False)
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
         # a resumed run keeps its own settings; only what to do with it comes from this command line
         keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
         args = Args(**{**checkpoint["args"], **keep})
