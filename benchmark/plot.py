@@ -52,7 +52,9 @@ def main():
             # mean true return of the episodes that ended in each bin of the step axis, carried forward over empty bins
             idx = np.searchsorted(grid, steps, side="right") - 1
             binned = np.array([returns[idx == i].mean() if np.any(idx == i) else np.nan for i in range(len(grid) - 1)])
-            for i in range(1, len(binned)):
+            for i in range(
+                1, min(idx.max() + 1, len(binned))
+            ):  # not past the run's last episode (an unfinished run stops there)
                 if np.isnan(binned[i]):
                     binned[i] = binned[i - 1]
             curves.append(binned)
