@@ -1,10 +1,16 @@
 # PPO on MuJoCo from preferences (Christiano et al. 2017, "C17"): docs in README.md, results in benchmark/README.md
 import difflib
+import json
 import math
 import os
 import random
+import re
 import sys
+import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -83,8 +89,9 @@ class Args:
     """the target KL divergence threshold"""
 
     # Preference learning arguments
-    feedback: Literal["synthetic", "true-reward"] = "synthetic"
-    """where the reward comes from: preferences of the synthetic teacher, or the environment's reward (baseline)"""
+    feedback: Literal["synthetic", "human", "true-reward"] = "synthetic"
+    """where the reward comes from: preferences of the synthetic teacher, of people through label_server.py, or the
+    environment's reward (baseline)"""
     labels: int = 1400
     """total number of preference labels to query over the run (C17: 700 or 1400)"""
     segment_len: int = 50
@@ -125,6 +132,16 @@ class Args:
     """synthetic teacher skips a pair when both segment returns are below this (B-Pref)"""
     teacher_equal_margin: float = 0.0
     """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
+    label_server: str = "http://127.0.0.1:8000"
+    """with --feedback human: the address of label_server.py"""
+    label_token: Optional[str] = None
+    """with --feedback human: the label server's --token, if it has one"""
+    instruction: str = "Which clip shows the robot moving forward faster without falling?"
+    """with --feedback human: the question raters are asked"""
+    clip_size: int = 160
+    """with --feedback human: clip width and height in pixels (software rendering: about 15 frames/s at 160x160)"""
+    clip_fps: int = 30
+    """with --feedback human: playback frame rate; 50 steps at 30 frames/s is a 1.7 s clip (C17 B: 1-2 s)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -171,6 +188,11 @@ def validate_args(args: Args) -> None:
         )
     if not rlhf:
         return
+    if args.feedback == "human":
+        if not args.label_server.startswith(("http://", "https://")):
+            raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
+        if not 16 <= args.clip_size <= 1024 or not 1 <= args.clip_fps <= 240:
+            raise SystemExit("error: --clip-size must be in [16, 1024] and --clip-fps in [1, 240]")
     if args.labels <= 0:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
     if not 2 <= args.segment_len <= args.num_steps:
@@ -425,12 +447,15 @@ def sample_segments(rng, rollout, segment_len, count):
         raise RuntimeError("no valid segment in the rollout: use a shorter --segment-len")
     pick = rng.choice(valid_starts, size=count, replace=count > len(valid_starts))
     t, e, m = clipped[pick], envs[pick], real[pick].astype(np.float32)
-    return {
+    segments = {
         "obs": obs[t, e] * m[..., None],
         "act": act[t, e] * m[..., None],
         "mask": m,
         "true_reward": true_reward[t, e] * m,
     }
+    if "sim_state" in rollout:  # human feedback: the simulator state at the segment's start, to render it later
+        segments["sim_state"] = rollout["sim_state"][t[:, 0], e[:, 0]]
+    return segments
 
 
 def index_segments(segments, idx):
@@ -457,6 +482,11 @@ def disagreement(ensemble, left, right):
     returns_left = ensemble.segment_returns(to_torch(left))
     returns_right = ensemble.segment_returns(to_torch(right))
     return torch.sigmoid(returns_left - returns_right).var(0, unbiased=False).numpy()
+
+
+def stack_segments(segments):
+    """A list of single segments (dicts of arrays) -> one dict of arrays with a leading batch axis."""
+    return {k: np.stack([s[k] for s in segments]) for k in segments[0]}
 
 
 def to_torch(segments):
@@ -500,6 +530,203 @@ class SyntheticTeacher:
     def poll(self):
         answered, self.answered = self.answered, []
         return answered
+
+
+# RLHF: the human teacher, through label_server.py (C17 appendix B)
+MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
+
+
+class HumanTeacher:
+    """People answer in a browser, through label_server.py. Same interface as SyntheticTeacher. ask() only queues;
+    a background thread renders each pair's clips (restoring the simulator state saved with the segment and replaying
+    its actions offscreen), uploads them, posts the pair and polls for answers, retrying with backoff while the server
+    is down, so training goes on while people label (C17 2.2: asynchronous). Pairs not yet answered are saved with
+    the run (save/load) and asked again when it resumes."""
+
+    def __init__(self, env_id, server, token, experiment, instruction, clip_size=160, clip_fps=30, poll_interval=2.0):
+        self.env_id, self.server, self.token, self.experiment = env_id, server.rstrip("/"), token, experiment
+        self.instruction, self.clip_size, self.clip_fps, self.poll_interval = instruction, clip_size, clip_fps, poll_interval
+        self.lock = threading.Lock()
+        self.queued = []  # pair ids still to render, upload and post
+        self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
+        self.answered = []  # (pair id, mu) received, not yet handed over by poll()
+        self.next_index = 0  # pair ids are {experiment}-{index}
+        self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
+        self.received_seq = 0  # label sequence number up to which the thread has fetched answers
+        self.failure = None  # an error the thread cannot retry (e.g. rendering unavailable)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, daemon=True)
+
+    @property
+    def pending(self):
+        """Pairs asked and not answered yet."""
+        with self.lock:
+            return len(self.waiting) - len(self.answered)
+
+    def ask(self, left, right):
+        with self.lock:
+            for i in range(len(left["mask"])):
+                pair_id = f"{self.experiment}-{self.next_index:06d}"
+                self.next_index += 1
+                self.waiting[pair_id] = (index_segments(left, i), index_segments(right, i))
+                self.queued.append(pair_id)
+
+    def poll(self):
+        if self.failure is not None:
+            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
+        with self.lock:
+            answered, self.answered = self.answered, []
+            batches = []
+            for pair_id, mu, seq in answered:
+                left, right = self.waiting.pop(pair_id)
+                self.consumed_seq = max(self.consumed_seq, seq)
+                if mu is not None:
+                    batches.append((left, right, mu))
+        if not batches:
+            return []
+        lefts, rights, mus = zip(*batches)
+        return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
+
+    def wait_for_all(self, progress_every=10.0):
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without)."""
+        last = 0.0
+        while self.pending and self.failure is None:
+            if time.time() - last > progress_every:
+                print(
+                    f"waiting for {self.pending} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
+                )
+                last = time.time()
+            time.sleep(0.5)
+
+    # --- the background thread ---
+    def _request(self, method, path, body=None, content_type="application/json"):
+        """One HTTP call, retried with exponential backoff until it succeeds; a 4xx other than 404 on a label
+        poll is a bug and stops the thread."""
+        delay, warned = 1.0, False
+        while not self.stop.is_set():
+            request = urllib.request.Request(self.server + path, data=body, method=method)
+            request.add_header("Content-Type", content_type)
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    if warned:
+                        print(f"label server at {self.server} is back")
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as error:
+                if error.code < 500:
+                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}")
+                reason = f"HTTP {error.code}"
+            except (urllib.error.URLError, OSError) as error:
+                reason = str(getattr(error, "reason", error))
+            print(f"label server at {self.server} unreachable ({reason}); retrying in {delay:.0f} s")
+            warned = True
+            self.stop.wait(delay)
+            delay = min(delay * 2, 60.0)
+        return None
+
+    def _render(self, render_env, segment):
+        """Frames of one segment: the saved simulator state, then its actions replayed; after a termination the
+        last frame (the fall) is held for the absorbing steps."""
+        model = render_env.unwrapped.model
+        render_env.unwrapped.set_state(segment["sim_state"][: model.nq], segment["sim_state"][model.nq :])
+        frames = [render_env.unwrapped.render()]
+        for t in range(1, len(segment["mask"])):
+            if segment["mask"][t - 1]:
+                render_env.unwrapped.step(segment["act"][t - 1])
+                frames.append(render_env.unwrapped.render())
+            else:
+                frames.append(frames[-1])
+        return frames
+
+    def _encode(self, frames):
+        """WebM/VP9 bytes: plays in Chromium and Firefox."""
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "clip.webm")
+            speed = ["-deadline", "realtime", "-cpu-used", "8", "-b:v", "0", "-crf", "32"]
+            imageio.v2.mimwrite(path, frames, fps=self.clip_fps, codec="libvpx-vp9", macro_block_size=1, output_params=speed)
+            with open(path, "rb") as clip:
+                return clip.read()
+
+    def _work(self):
+        try:
+            render_env = gym.make(self.env_id, render_mode="rgb_array", width=self.clip_size, height=self.clip_size)
+            render_env.reset(seed=0)
+            last_poll = 0.0
+            while not self.stop.is_set():
+                with self.lock:
+                    pair_id = self.queued[0] if self.queued else None
+                    segments = self.waiting.get(pair_id)
+                if pair_id is not None:
+                    left, right = segments
+                    for side, segment in (("left", left), ("right", right)):
+                        clip = self._encode(self._render(render_env, segment))
+                        self._request("PUT", f"/api/clips/{pair_id}-{side}", clip, "video/webm")
+                    pair = {
+                        "experiment": self.experiment,
+                        "pair_id": pair_id,
+                        "left_clip": f"{pair_id}-left",
+                        "right_clip": f"{pair_id}-right",
+                        "instruction": self.instruction,
+                        "metadata": {  # what the teacher did not see, for later analysis of human labels
+                            "left_true_return": float(left["true_reward"].sum()),
+                            "right_true_return": float(right["true_reward"].sum()),
+                        },
+                    }
+                    if self._request("POST", "/api/pairs", json.dumps(pair).encode()) is not None:
+                        with self.lock:
+                            self.queued.remove(pair_id)
+                if pair_id is None or time.time() - last_poll > self.poll_interval:
+                    self._fetch_labels()
+                    last_poll = time.time()
+                if pair_id is None:
+                    self.stop.wait(self.poll_interval)
+            render_env.close()
+        except Exception as error:  # reported to the training loop by poll()
+            self.failure = repr(error)
+
+    def _fetch_labels(self):
+        reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
+        if reply is None:
+            return
+        with self.lock:
+            for label in reply["labels"]:
+                if label["pair_id"] in self.waiting:  # an answer to a pair of this run that is not in the buffer yet
+                    self.answered.append((label["pair_id"], MU_OF_CHOICE.get(label["choice"]), label["seq"]))
+                self.received_seq = max(self.received_seq, label["seq"])
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    # --- persistence: asked but unanswered pairs survive a stopped run ---
+    def save(self, path):
+        with self.lock:
+            ids = list(self.waiting)
+            state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
+            for side, which in (("left", 0), ("right", 1)):
+                for key in ("obs", "act", "mask", "true_reward", "sim_state"):
+                    values = [self.waiting[i][which][key] for i in ids]
+                    state[f"{side}_{key}"] = np.stack(values) if values else np.zeros(0, np.float32)
+        np.savez_compressed(path + ".tmp.npz", **state)
+        os.replace(path + ".tmp.npz", path)
+
+    def load(self, path):
+        """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless)."""
+        with np.load(path) as state:
+            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
+            self.received_seq = self.consumed_seq
+            for n, pair_id in enumerate(state["pair_ids"]):
+                left, right = (
+                    {k: state[f"{side}_{k}"][n] for k in ("obs", "act", "mask", "true_reward", "sim_state")}
+                    for side in ("left", "right")
+                )
+                self.waiting[str(pair_id)] = (left, right)
+                self.queued.append(str(pair_id))
 
 
 # RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
@@ -684,10 +911,12 @@ if __name__ == "__main__":
     schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
     pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
     labels_path = f"{run_dir}/labels.npz"
+    pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
     if rlhf:
         ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size)
         reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
         buffer = LabelBuffer(args.labels, args.segment_len, obs_dim, act_dim, args.ensemble_size, rng)
+    if args.feedback == "synthetic":
         teacher = SyntheticTeacher(
             rng,
             args.teacher_beta,
@@ -696,6 +925,12 @@ if __name__ == "__main__":
             args.teacher_skip_threshold,
             args.teacher_equal_margin,
         )
+    elif args.feedback == "human":
+        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
+        teacher = HumanTeacher(
+            args.env, args.label_server, args.label_token, experiment, args.instruction, args.clip_size, args.clip_fps
+        )
+        print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
 
     start_iteration, global_step = 1, 0
     checkpoint_path = f"{run_dir}/checkpoint.pt"
@@ -709,6 +944,8 @@ if __name__ == "__main__":
             reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
             l2_coef = checkpoint["l2_coef"]
             buffer.load(labels_path)
+            if args.feedback == "human" and os.path.exists(pending_path):
+                teacher.load(pending_path)
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
 
@@ -722,8 +959,17 @@ if __name__ == "__main__":
     true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
     terminations = np.zeros((args.num_steps, args.num_envs), bool)
     truncations = np.zeros((args.num_steps, args.num_envs), bool)
+    if args.feedback == "human":  # RLHF: MuJoCo state (qpos, qvel) before each step, to render the chosen segments
+        sim_states = np.zeros(
+            (args.num_steps, args.num_envs, envs.envs[0].unwrapped.model.nq + envs.envs[0].unwrapped.model.nv)
+        )
     running_return = np.zeros(args.num_envs)
     predicted_episode_return = np.zeros(args.num_envs)
+
+    def save_labels():
+        buffer.save(labels_path)
+        if args.feedback == "human":  # in step with the buffer: the answers it holds are not fetched again
+            teacher.save(pending_path)
 
     def save_checkpoint():
         """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
@@ -741,6 +987,9 @@ if __name__ == "__main__":
         }
         torch.save(state, checkpoint_path + ".tmp")
         os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
+
+    if args.feedback == "human":
+        teacher.start()
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step, last_label_save = time.time(), global_step, time.time()
@@ -765,6 +1014,9 @@ if __name__ == "__main__":
                 global_step += args.num_envs
                 obs[step] = next_obs
                 raw_obs[step] = next_obs_raw
+                if args.feedback == "human":
+                    for i, env in enumerate(envs.envs):
+                        sim_states[step, i] = np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel])
 
                 # ALGO LOGIC: action logic
                 with torch.no_grad():
@@ -805,10 +1057,14 @@ if __name__ == "__main__":
                         "terminated": terminations,
                         "truncated": truncations,
                     }
+                    if args.feedback == "human":
+                        rollout["sim_state"] = sim_states
                     left, right = select_pairs(
                         rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, args.selection
                     )
                     teacher.ask(left, right)
+                if iteration == args.pretrain_iterations and args.feedback == "human":
+                    teacher.wait_for_all()  # people label asynchronously, but RL cannot start without these
                 for left, right, mu in teacher.poll():
                     buffer.add(left, right, mu)
                 if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
@@ -838,7 +1094,7 @@ if __name__ == "__main__":
                         f"train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
                     )
                 if time.time() - last_label_save > 30 or iteration == args.num_iterations:
-                    buffer.save(labels_path)
+                    save_labels()
                     last_label_save = time.time()
 
             if pretraining:
@@ -987,8 +1243,11 @@ if __name__ == "__main__":
     finally:
         # nothing is lost when a run stops: labels always, the checkpoint with --save-model (resume with --resume)
         if rlhf:
-            buffer.save(labels_path)
+            save_labels()
             print(f"{buffer.size} labels saved to {labels_path}")
+            if args.feedback == "human":
+                teacher.close()
+                print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
         if args.save_model:
             save_checkpoint()
             print(f"checkpoint saved to {checkpoint_path}")

@@ -1,0 +1,605 @@
+# The human side of RL from preferences (C17 appendix B): people label clip pairs in a browser. Docs: README.md,
+# "Labelling clips yourself" and "Label server API". Standard library only (http.server, sqlite3), plus tyro.
+import json
+import re
+import sqlite3
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+
+import tyro
+
+
+@dataclass
+class Args:
+    port: int = 8000
+    """TCP port to listen on (0 picks a free one; the chosen port is printed)"""
+    host: str = "127.0.0.1"
+    """address to bind; use 0.0.0.0 to let raters on your LAN connect (then also set --token)"""
+    db: str = "labels.sqlite"
+    """the SQLite file that holds every clip, pair and answer (created if missing; WAL journal)"""
+    token: Optional[str] = None
+    """if set, the trainer's endpoints (upload clips, post pairs, read labels) need `Authorization: Bearer TOKEN`"""
+    overlap: int = 1
+    """answers needed per pair; the final label is their majority vote (a left/right tie becomes 'equal')"""
+    golden_every: int = 5
+    """serve a golden pair (known answer) to a rater every this many pairs, while they have unanswered ones"""
+    golden_min: int = 3
+    """golden pairs a rater must have answered before their accuracy on them can exclude them"""
+    golden_threshold: float = 0.7
+    """a rater whose accuracy on golden pairs falls below this stops counting towards labels"""
+    max_clip_bytes: int = 16 * 1024 * 1024
+    """largest clip upload accepted (413 above it)"""
+    max_json_bytes: int = 64 * 1024
+    """largest JSON request body accepted (413 above it)"""
+
+
+CHOICES = ("left", "right", "equal", "cant_tell")
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot: never a path
+RATER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@ -]{0,63}")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clips (clip_id TEXT PRIMARY KEY, content_type TEXT NOT NULL, data BLOB NOT NULL,
+                                  created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS pairs (pair_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, left_clip TEXT NOT NULL,
+                                  right_clip TEXT NOT NULL, instruction TEXT NOT NULL, metadata TEXT NOT NULL,
+                                  golden TEXT, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS answers (pair_id TEXT NOT NULL, rater TEXT NOT NULL, choice TEXT NOT NULL,
+                                    created REAL NOT NULL, PRIMARY KEY (pair_id, rater));
+CREATE TABLE IF NOT EXISTS labels (seq INTEGER PRIMARY KEY AUTOINCREMENT, pair_id TEXT NOT NULL UNIQUE,
+                                   experiment TEXT NOT NULL, choice TEXT NOT NULL, votes TEXT NOT NULL,
+                                   created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
+"""
+
+
+class ApiError(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def majority_vote(choices):
+    """The final label of a pair from its counted answers: the most common choice; a tie between left and right, or
+    any tie involving 'equal', becomes 'equal'; a tie between one side and 'cant_tell' goes to that side."""
+    counts = {c: choices.count(c) for c in CHOICES}
+    best = max(counts.values())
+    top = {c for c in CHOICES if counts[c] == best}
+    if len(top) == 1:
+        return top.pop()
+    if {"left", "right"} <= top or "equal" in top:
+        return "equal"
+    return (top - {"cant_tell"}).pop()
+
+
+class LabelStore:
+    """Everything the server knows, in one SQLite database. Every write is committed (WAL, synchronous=FULL) before
+    the HTTP response acknowledges it, so a server killed at any moment loses nothing it acknowledged."""
+
+    def __init__(self, path, overlap=1, golden_every=5, golden_min=3, golden_threshold=0.7):
+        self.overlap, self.golden_every = overlap, golden_every
+        self.golden_min, self.golden_threshold = golden_min, golden_threshold
+        self.lock = threading.Lock()
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+
+    def _read(self, sql, params=()):
+        with self.lock:
+            return self.db.execute(sql, params).fetchall()
+
+    def put_clip(self, clip_id, content_type, data):
+        with self.lock:  # autocommit: the statement is durable when execute returns
+            self.db.execute("INSERT OR REPLACE INTO clips VALUES (?, ?, ?, ?)", (clip_id, content_type, data, time.time()))
+
+    def get_clip(self, clip_id):
+        rows = self._read("SELECT content_type, data FROM clips WHERE clip_id = ?", (clip_id,))
+        return rows[0] if rows else None
+
+    def add_pair(self, pair):
+        """Returns True if the pair is new, False if the same pair was posted before (harmless)."""
+        with self.lock:
+            missing = [c for c in (pair["left_clip"], pair["right_clip"]) if not self._has_clip(c)]
+            if missing:
+                raise ApiError(HTTPStatus.NOT_FOUND, f"unknown clip: {missing[0]} (upload it with PUT /api/clips/<id>)")
+            row = self.db.execute(
+                "SELECT experiment, left_clip, right_clip, golden FROM pairs WHERE pair_id = ?", (pair["pair_id"],)
+            ).fetchone()
+            if row is not None:
+                if tuple(row) != (pair["experiment"], pair["left_clip"], pair["right_clip"], pair["golden"]):
+                    raise ApiError(HTTPStatus.CONFLICT, f"pair {pair['pair_id']} exists with other clips or answer")
+                return False
+            self.db.execute(
+                "INSERT INTO pairs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    pair["pair_id"],
+                    pair["experiment"],
+                    pair["left_clip"],
+                    pair["right_clip"],
+                    pair["instruction"],
+                    json.dumps(pair["metadata"]),
+                    pair["golden"],
+                    time.time(),
+                ),
+            )
+            return True
+
+    def _has_clip(self, clip_id):
+        return self.db.execute("SELECT 1 FROM clips WHERE clip_id = ?", (clip_id,)).fetchone() is not None
+
+    def excluded_raters(self):
+        """Raters whose accuracy on golden pairs is below the threshold (after at least golden_min of them)."""
+        rows = self._read(
+            "SELECT a.rater, COUNT(*), SUM(a.choice = p.golden) FROM answers a JOIN pairs p USING (pair_id) "
+            "WHERE p.golden IS NOT NULL GROUP BY a.rater"
+        )
+        return {r for r, n, correct in rows if n >= self.golden_min and correct / n < self.golden_threshold}
+
+    def rater_stats(self, rater):
+        """(pairs this rater has answered, pairs waiting for them)."""
+        answered = self._read("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,))[0][0]
+        return answered, len(self._open_pairs(rater, self.excluded_raters()))
+
+    def _open_pairs(self, rater, excluded):
+        """Pairs this rater has not answered that still need answers: not final, golden ones included."""
+        rows = self._read(
+            "SELECT p.pair_id, p.golden IS NOT NULL, a.rater FROM pairs p "
+            "LEFT JOIN answers a ON a.pair_id = p.pair_id "
+            "WHERE p.pair_id NOT IN (SELECT pair_id FROM labels) ORDER BY p.created, p.pair_id"
+        )
+        pairs, counted, answered_by_rater = {}, {}, set()
+        for pair_id, golden, who in rows:
+            pairs.setdefault(pair_id, bool(golden))
+            counted.setdefault(pair_id, 0)
+            if who is not None and who not in excluded:
+                counted[pair_id] += 1
+            if who == rater:
+                answered_by_rater.add(pair_id)
+        return [
+            (pair_id, golden)
+            for pair_id, golden in pairs.items()
+            if pair_id not in answered_by_rater and (golden or counted[pair_id] < self.overlap)
+        ]
+
+    def next_pair(self, rater):
+        excluded = self.excluded_raters()
+        open_pairs = self._open_pairs(rater, excluded)
+        if not open_pairs:
+            return None
+        answered = self._read("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,))[0][0]
+        golden = [p for p, is_golden in open_pairs if is_golden]
+        ordinary = [p for p, is_golden in open_pairs if not is_golden]
+        # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left
+        use_golden = golden and (not ordinary or answered % self.golden_every == 0)
+        pair_id = golden[0] if use_golden else ordinary[0]
+        row = self._read(
+            "SELECT pair_id, experiment, left_clip, right_clip, instruction FROM pairs WHERE pair_id = ?", (pair_id,)
+        )[0]
+        keys = ("pair_id", "experiment", "left_clip", "right_clip", "instruction")
+        pair = dict(zip(keys, row))
+        pair["left_url"], pair["right_url"] = f"/clips/{pair['left_clip']}", f"/clips/{pair['right_clip']}"
+        pair["answered"], pair["waiting"] = answered, len(open_pairs)
+        return pair
+
+    def get_pair(self, pair_id):
+        """A pair as the trainer posted it, with its answers and, once final, its label."""
+        rows = self._read(
+            "SELECT p.experiment, p.left_clip, p.right_clip, p.instruction, p.metadata, p.golden, l.seq, l.choice "
+            "FROM pairs p LEFT JOIN labels l USING (pair_id) WHERE p.pair_id = ?",
+            (pair_id,),
+        )
+        if not rows:
+            return None
+        experiment, left, right, instruction, metadata, golden, seq, label = rows[0]
+        answers = self._read("SELECT rater, choice FROM answers WHERE pair_id = ? ORDER BY created", (pair_id,))
+        return {
+            "pair_id": pair_id,
+            "experiment": experiment,
+            "left_clip": left,
+            "right_clip": right,
+            "instruction": instruction,
+            "metadata": json.loads(metadata),
+            "golden": golden,
+            "answers": [{"rater": r, "choice": c} for r, c in answers],
+            "label": None if seq is None else {"seq": seq, "choice": label},
+        }
+
+    def add_answer(self, pair_id, rater, choice):
+        """Record a rater's answer (the first one counts; a repeat is ignored). Returns (new answer?, pair final?)."""
+        with self.lock:
+            pair = self.db.execute("SELECT experiment FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone()
+        if pair is None:
+            raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
+        excluded = self.excluded_raters()
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = self.db.execute(
+                    "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)", (pair_id, rater, choice, time.time())
+                )
+                new = cursor.rowcount == 1
+                final = self._finalize(pair_id, pair[0], excluded)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        return new, final
+
+    def _finalize(self, pair_id, experiment, excluded):
+        """Inside a transaction: publish the pair's label once it has `overlap` counted answers (never golden)."""
+        if self.db.execute("SELECT 1 FROM labels WHERE pair_id = ?", (pair_id,)).fetchone():
+            return True
+        if self.db.execute("SELECT golden IS NOT NULL FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone()[0]:
+            return False
+        rows = self.db.execute("SELECT rater, choice FROM answers WHERE pair_id = ? ORDER BY created", (pair_id,))
+        votes = [choice for rater, choice in rows if rater not in excluded]
+        if len(votes) < self.overlap:
+            return False
+        votes = votes[: self.overlap]
+        self.db.execute(
+            "INSERT INTO labels (pair_id, experiment, choice, votes, created) VALUES (?, ?, ?, ?, ?)",
+            (pair_id, experiment, majority_vote(votes), json.dumps(votes), time.time()),
+        )
+        return True
+
+    def labels_since(self, experiment, since, limit=1000):
+        rows = self._read(
+            "SELECT l.seq, l.pair_id, l.choice, l.votes, p.metadata FROM labels l JOIN pairs p USING (pair_id) "
+            "WHERE l.experiment = ? AND l.seq > ? ORDER BY l.seq LIMIT ?",
+            (experiment, since, limit),
+        )
+        return [
+            {"seq": seq, "pair_id": pair_id, "choice": choice, "votes": json.loads(votes), "metadata": json.loads(meta)}
+            for seq, pair_id, choice, votes, meta in rows
+        ]
+
+    def counts(self):
+        return {table: self._read(f"SELECT COUNT(*) FROM {table}")[0][0] for table in ("clips", "pairs", "answers", "labels")}
+
+
+def sniff_content_type(data, declared):
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "video/webm"
+    if data[4:8] == b"ftyp":
+        return "video/mp4"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "image/png"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    return declared if declared and declared.startswith(("video/", "image/")) else "application/octet-stream"
+
+
+def require_id(value, what):
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        raise ApiError(
+            HTTPStatus.BAD_REQUEST, f"{what} must be 1-128 characters of letters, digits, '_', '.', '-' (no leading dot)"
+        )
+    return value
+
+
+def rater_name(name):
+    if not isinstance(name, str) or not RATER_PATTERN.fullmatch(name):
+        raise ApiError(HTTPStatus.BAD_REQUEST, "'rater' must be 1-64 letters, digits, spaces or _ . @ -")
+    return name
+
+
+def make_handler(store, args):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
+        server_version = "label_server"
+
+        def log_message(self, format, *log_args):  # quieter than the default: errors only
+            pass
+
+        # --- plumbing ---
+        def send_json(self, status, payload):
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def send_empty(self, status):
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def read_body(self, limit):
+            length = self.headers.get("Content-Length")
+            if length is None:
+                raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+            if not length.isdigit():
+                raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
+            if int(length) > limit:
+                self.close_connection = True  # the unread body must not be parsed as the next request
+                raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes is over the limit of {limit}")
+            return self.rfile.read(int(length))
+
+        def read_json(self):
+            raw = self.read_body(args.max_json_bytes)
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {error}") from None
+            if not isinstance(body, dict):
+                raise ApiError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+            return body
+
+        def require_token(self):
+            if args.token and self.headers.get("Authorization") != f"Bearer {args.token}":
+                raise ApiError(HTTPStatus.UNAUTHORIZED, "this endpoint needs 'Authorization: Bearer <token>'")
+
+        def dispatch(self, method):
+            url = urllib.parse.urlsplit(self.path)
+            query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+            parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
+            try:
+                match (method, parts):
+                    case ("GET", [""] | ["index.html"]):
+                        self.page()
+                    case ("GET", ["healthz"]):
+                        self.send_json(HTTPStatus.OK, {"ok": True, **store.counts()})
+                    case ("GET", ["clips", clip_id]):
+                        self.get_clip(clip_id)
+                    case ("PUT", ["api", "clips", clip_id]):
+                        self.put_clip(clip_id)
+                    case ("POST", ["api", "pairs"]):
+                        self.post_pair()
+                    case ("GET", ["api", "pairs", "next"]):
+                        self.next_pair(query)
+                    case ("GET", ["api", "pairs", pair_id]):
+                        self.require_token()
+                        pair = store.get_pair(require_id(pair_id, "pair_id"))
+                        if pair is None:
+                            raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
+                        self.send_json(HTTPStatus.OK, pair)
+                    case ("GET", ["api", "stats"]):
+                        answered, waiting = store.rater_stats(rater_name(query.get("rater")))
+                        self.send_json(HTTPStatus.OK, {"answered": answered, "waiting": waiting})
+                    case ("POST", ["api", "labels"]):
+                        self.post_label()
+                    case ("GET", ["api", "labels"]):
+                        self.get_labels(query)
+                    case _:  # also /clips/../../etc/passwd: clips live in the database, and no route has a path in it
+                        raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {url.path}")
+            except ApiError as error:
+                self.send_json(error.status, {"error": error.message})
+            except Exception as error:  # a bug must not take the server down: report it, keep serving
+                self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error!r}"})
+
+        def do_GET(self):
+            self.dispatch("GET")
+
+        def do_PUT(self):
+            self.dispatch("PUT")
+
+        def do_POST(self):
+            self.dispatch("POST")
+
+        # --- endpoints ---
+        def page(self):
+            body = PAGE.encode()
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def put_clip(self, clip_id):
+            self.require_token()
+            clip_id = require_id(clip_id, "clip_id")
+            data = self.read_body(args.max_clip_bytes)
+            if not data:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "empty clip")
+            content_type = sniff_content_type(data, self.headers.get("Content-Type", ""))
+            store.put_clip(clip_id, content_type, data)
+            self.send_json(HTTPStatus.CREATED, {"clip_id": clip_id, "bytes": len(data), "content_type": content_type})
+
+        def get_clip(self, clip_id):
+            clip = store.get_clip(require_id(clip_id, "clip_id"))
+            if clip is None:
+                raise ApiError(HTTPStatus.NOT_FOUND, f"unknown clip: {clip_id}")
+            content_type, data = clip
+            start, end, status = 0, len(data) - 1, HTTPStatus.OK
+            match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+            if match and (match[1] or match[2]):
+                if match[1]:
+                    start, end = int(match[1]), min(int(match[2]) if match[2] else end, end)
+                else:  # suffix range: the last N bytes
+                    start = max(0, len(data) - int(match[2]))
+                if start > end:
+                    self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                status = HTTPStatus.PARTIAL_CONTENT
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Accept-Ranges", "bytes")
+            if status == HTTPStatus.PARTIAL_CONTENT:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.send_header("Cache-Control", "max-age=3600")
+            self.end_headers()
+            self.wfile.write(bytes(data[start : end + 1]))
+
+        def post_pair(self):
+            self.require_token()
+            body = self.read_json()
+            golden = body.get("golden")
+            if golden is not None and golden not in ("left", "right", "equal"):
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'golden' must be 'left', 'right' or 'equal' when given")
+            metadata = body.get("metadata", {})
+            if not isinstance(metadata, dict):
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'metadata' must be a JSON object")
+            instruction = body.get("instruction", "Which clip is better?")
+            if not isinstance(instruction, str) or not 0 < len(instruction) <= 1000:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'instruction' must be a string of 1-1000 characters")
+            pair = {
+                "experiment": require_id(body.get("experiment"), "experiment"),
+                "pair_id": require_id(body.get("pair_id"), "pair_id"),
+                "left_clip": require_id(body.get("left_clip"), "left_clip"),
+                "right_clip": require_id(body.get("right_clip"), "right_clip"),
+                "instruction": instruction,
+                "metadata": metadata,
+                "golden": golden,
+            }
+            created = store.add_pair(pair)
+            self.send_json(HTTPStatus.CREATED if created else HTTPStatus.OK, {"pair_id": pair["pair_id"], "created": created})
+
+        def next_pair(self, query):
+            rater = rater_name(query.get("rater"))
+            pair = store.next_pair(rater)
+            if pair is None:
+                self.send_empty(HTTPStatus.NO_CONTENT)
+            else:
+                self.send_json(HTTPStatus.OK, pair)
+
+        def post_label(self):
+            body = self.read_json()
+            pair_id = require_id(body.get("pair_id"), "pair_id")
+            rater = rater_name(body.get("rater"))
+            choice = body.get("choice")
+            if choice not in CHOICES:
+                raise ApiError(HTTPStatus.BAD_REQUEST, f"'choice' must be one of {', '.join(CHOICES)}")
+            new, final = store.add_answer(pair_id, rater, choice)
+            status = HTTPStatus.CREATED if new else HTTPStatus.OK
+            self.send_json(status, {"pair_id": pair_id, "recorded": new, "duplicate": not new, "final": final})
+
+        def get_labels(self, query):
+            self.require_token()
+            experiment = require_id(query.get("experiment"), "experiment")
+            since = query.get("since", "0")
+            if not since.isdigit():
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'since' must be a non-negative integer")
+            labels = store.labels_since(experiment, int(since))
+            self.send_json(HTTPStatus.OK, {"labels": labels, "last_seq": labels[-1]["seq"] if labels else int(since)})
+
+    return Handler
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Which clip is better?</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+ body { font-family: system-ui, sans-serif; margin: 1.5em; background: #fafafa; color: #222; }
+ #instruction { font-size: 1.4em; margin: 0.3em 0 0.6em; }
+ #clips { display: flex; gap: 2%; }
+ figure { flex: 1; margin: 0; text-align: center; }
+ video { width: 100%; aspect-ratio: 1; background: #000; object-fit: contain; }
+ #buttons { display: flex; gap: 1em; justify-content: center; margin: 1em 0; }
+ button { font-size: 1.1em; padding: 0.5em 1em; }
+ #status { color: #555; } #message { font-size: 1.2em; margin: 2em 0; } .hidden { display: none; }
+</style></head>
+<body>
+<div>Rater: <input id="rater" size="16"> <span id="status"></span></div>
+<div id="instruction"></div>
+<div id="message" class="hidden"></div>
+<div id="pair" class="hidden">
+ <div id="clips">
+  <figure><video id="left" muted loop playsinline preload="auto"></video><figcaption>Left</figcaption></figure>
+  <figure><video id="right" muted loop playsinline preload="auto"></video><figcaption>Right</figcaption></figure>
+ </div>
+ <div id="buttons">
+  <button data-choice="left">&larr; Left is better</button>
+  <button data-choice="equal">&uarr; Equally good</button>
+  <button data-choice="cant_tell">&darr; Can't tell</button>
+  <button data-choice="right">Right is better &rarr;</button>
+ </div>
+</div>
+<script>
+const $ = (id) => document.getElementById(id);
+const left = $("left"), right = $("right");
+const params = new URLSearchParams(location.search);
+$("rater").value = params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
+let pair = null, busy = false, retry = null;
+function rater() { localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
+function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
+function status(answered, waiting) { $("status").textContent = `you have labelled ${answered} pairs; ${waiting} waiting`; }
+async function next() {
+  clearTimeout(retry); pair = null;
+  try {
+    const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()));
+    if (response.status === 204) {
+      const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()))).json();
+      status(stats.answered, 0);
+      show("Nothing to label right now: every pair has been answered. New pairs appear here as the trainer sends them.");
+      retry = setTimeout(next, 3000); return;
+    }
+    const body = await response.json();
+    if (!response.ok) { show("Error: " + body.error); retry = setTimeout(next, 5000); return; }
+    pair = body;
+  } catch (error) { show("The label server is not answering; retrying..."); retry = setTimeout(next, 3000); return; }
+  $("instruction").textContent = pair.instruction;
+  status(pair.answered, pair.waiting);
+  $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
+  left.src = pair.left_url; right.src = pair.right_url;
+  Promise.all([left, right].map((v) => v.play().catch(() => {}))).then(() => { left.currentTime = 0; right.currentTime = 0; });
+}
+// keep the two clips in step: the right one follows the left one's clock
+function sync() {
+  if (pair && !left.paused && Math.abs(left.currentTime - right.currentTime) > 0.05) right.currentTime = left.currentTime;
+  requestAnimationFrame(sync);
+}
+requestAnimationFrame(sync);
+async function answer(choice) {
+  if (!pair || busy) return;
+  busy = true;
+  try {
+    const response = await fetch("/api/labels", {method: "POST", headers: {"Content-Type": "application/json"},
+      body: JSON.stringify({pair_id: pair.pair_id, rater: rater(), choice: choice})});
+    if (!response.ok) { show("Error: " + (await response.json()).error); }
+    await next();
+  } catch (error) { show("The label server is not answering; your last answer was not saved. Retrying..."); retry = setTimeout(next, 3000); }
+  finally { busy = false; }
+}
+const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell"};
+document.addEventListener("keydown", (event) => {
+  if (event.target === $("rater") || !(event.key in KEYS)) return;
+  event.preventDefault(); answer(KEYS[event.key]);
+});
+document.querySelectorAll("button[data-choice]").forEach((b) => b.addEventListener("click", () => answer(b.dataset.choice)));
+$("rater").addEventListener("change", next);
+next();
+</script>
+</body></html>
+"""
+
+
+def main(args: Args) -> None:
+    if args.overlap < 1 or args.golden_every < 1 or args.golden_min < 1 or not 0 <= args.golden_threshold <= 1:
+        raise SystemExit("error: --overlap, --golden-every and --golden-min must be positive, --golden-threshold in [0, 1]")
+    try:
+        store = LabelStore(args.db, args.overlap, args.golden_every, args.golden_min, args.golden_threshold)
+    except sqlite3.Error as error:
+        raise SystemExit(f"error: cannot open the database {args.db}: {error}") from None
+    try:
+        server = ThreadingHTTPServer((args.host, args.port), make_handler(store, args))
+    except OSError as error:
+        raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {error}") from None
+    server.daemon_threads = True
+    host, port = server.server_address[:2]
+    counts = store.counts()
+    print(f"label server on http://{host}:{port}/ (database {args.db}: {counts['pairs']} pairs, {counts['labels']} labels)")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
+        print("warning: listening beyond this machine without --token: anyone who reaches it can post pairs and read labels")
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
