@@ -2,3 +2,22 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import rlhf_ppo_mujoco`
+
+
+import pytest  # noqa: E402
+from helpers import LabelServer  # noqa: E402
+
+
+@pytest.fixture
+def label_server(tmp_path):
+    """Starts label_server.py processes (`label_server(*args, db=..., token=...)`); all are stopped after the test."""
+    servers = []
+
+    def start(*args, db=None, port=0, token=None):
+        server = LabelServer(db or tmp_path / "labels.sqlite", *args, port=port, token=token)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

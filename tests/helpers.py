@@ -1,7 +1,10 @@
 """Running the script as a user does: in a subprocess, in a fresh folder, judged by what it writes."""
 
+import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -25,3 +28,53 @@ def scalars(run_dir):
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [(s.step, s.value) for s in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+# label_server.py, run as a process on a free port of 127.0.0.1
+SERVER = Path(__file__).resolve().parents[1] / "label_server.py"
+
+
+class LabelServer:
+    """A label_server.py process; `.url`, `.call(...)` for JSON requests, `.kill()` (SIGKILL) and `.stop()`."""
+
+    def __init__(self, db, *args, port=0, token=None):
+        self.db, self.args, self.token = str(db), [str(a) for a in args], token
+        command = [sys.executable, str(SERVER), "--port", str(port), "--db", self.db, *self.args]
+        if token:
+            command += ["--token", token]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = self.process.stdout.readline()  # "label server on http://127.0.0.1:PORT/ (database ...)"
+        if not first.startswith("label server on "):
+            self.process.kill()
+            raise RuntimeError(f"label server did not start: {first}{self.process.stderr.read()}")
+        self.url = first.split()[3].rstrip("/")
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def call(self, method, path, body=None, token=None, raw=None, headers=None):
+        """(status, parsed JSON body or None) of one request; `raw` sends bytes as they are."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        if token or self.token:
+            request.add_header("Authorization", f"Bearer {token or self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                payload = response.read()
+                status = response.status
+        except urllib.error.HTTPError as error:
+            payload, status = error.read(), error.code
+        content = json.loads(payload) if payload and payload[:1] in b"{[" else (payload or None)
+        return status, content
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.process.stdout.close()
+        self.process.stderr.close()

@@ -1,0 +1,212 @@
+"""The labelling page of label_server.py in a real browser (headless Chromium through Selenium), against a real server
+process: the pair's instruction is shown, both WebM/VP9 clips (encoded exactly as the trainer encodes them) decode and
+play, at the same size and in step, and the arrow keys record left, right, equal and cant_tell answers that reach the
+API and the SQLite file; once every pair is answered the page says so and counts the rater's answers."""
+
+import sqlite3
+import time
+from pathlib import Path
+
+import imageio.v2 as imageio
+import numpy as np
+import pytest
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    pytest.skip("no Chromium: apt-get install chromium chromium-driver", allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver", reason="no selenium: pip install -r requirements.txt")
+
+RATER = "browser-tester"
+EXPERIMENT = "browser-test"
+DEADLINE = 30.0  # seconds; generous, for a busy 2-core machine
+STEP_TOLERANCE = 0.25  # seconds the two clips may be apart
+FRAMES, SIDE, FPS = 45, 96, 30
+
+# One snapshot of both video elements, from inside the page.
+VIDEOS_JS = """
+return Object.fromEntries(["left", "right"].map((id) => {
+  const v = document.getElementById(id), box = v.getBoundingClientRect();
+  return [id, {src: v.getAttribute("src"), time: v.currentTime, duration: v.duration, paused: v.paused,
+               ready: v.readyState, width: v.videoWidth, height: v.videoHeight, error: v.error && v.error.code,
+               frames: v.getVideoPlaybackQuality().totalVideoFrames, box: [box.width, box.height]}];
+}));
+"""
+
+
+def webm_clip(path, shade):
+    """A 1.5 s clip written as the trainer writes its clips: a white square crossing a background of `shade`."""
+    frames = np.full((FRAMES, SIDE, SIDE, 3), shade, np.uint8)
+    for t, frame in enumerate(frames):
+        frame[40:56, 2 * t : 2 * t + 16] = 255
+    imageio.mimwrite(
+        path,
+        frames,
+        fps=FPS,
+        codec="libvpx-vp9",
+        macro_block_size=1,
+        output_params=["-deadline", "realtime", "-cpu-used", "8", "-b:v", "0", "-crf", "32"],
+    )
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Six different clips (a new background shade each), as bytes."""
+    folder = tmp_path_factory.mktemp("clips")
+    good = [webm_clip(folder / f"clip{i}.webm", shade=40 * i) for i in range(6)]
+    return [bytes(range(256)) * 40] + good[1:]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium with the system's chromedriver; Selenium must never download a driver or a browser."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SE_OFFLINE", "true")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1200,900",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_script_timeout(DEADLINE)
+    yield driver
+    driver.quit()
+    mp.undo()
+
+
+def wait_until(condition, what):
+    """Polls `condition()` until it returns something truthy (and returns that); fails after DEADLINE seconds."""
+    end, last = time.monotonic() + DEADLINE, None
+    while time.monotonic() < end:
+        last = condition()
+        if last:
+            return last
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {DEADLINE:.0f} s waiting until {what}; last seen: {last!r}")
+
+
+def post_pairs(server, clips, count):
+    """Uploads two clips per pair and posts `count` pairs; returns them as posted, in the order they are served."""
+    pairs = []
+    for i in range(count):
+        pair = {
+            "experiment": EXPERIMENT,
+            "pair_id": f"pair-{i}",
+            "left_clip": f"clip-{2 * i}",
+            "right_clip": f"clip-{2 * i + 1}",
+            "instruction": f"Which hopper moves further to the right? (pair {i})",
+        }
+        for side, clip in (("left_clip", clips[2 * i]), ("right_clip", clips[2 * i + 1])):
+            status, _ = server.call("PUT", f"/api/clips/{pair[side]}", raw=clip, headers={"Content-Type": "video/webm"})
+            assert status == 201
+        status, body = server.call("POST", "/api/pairs", pair)
+        assert status == 201, body
+        pairs.append(pair)
+    return pairs
+
+
+def text_of(driver, element_id):
+    element = driver.find_element("id", element_id)
+    return element.text if element.is_displayed() else ""
+
+
+def show_pair(driver, pair):
+    """Waits until the page shows `pair` (its clips and its instruction), then checks both clips play together."""
+    wait_until(
+        lambda: driver.execute_script(VIDEOS_JS)["left"]["src"] == f"/clips/{pair['left_clip']}",
+        f"the page shows {pair['pair_id']}",
+    )
+    assert driver.execute_script(VIDEOS_JS)["right"]["src"] == f"/clips/{pair['right_clip']}"
+    assert text_of(driver, "instruction") == pair["instruction"]
+    assert_both_clips_play(driver)
+
+
+def assert_both_clips_play(driver):
+    """Both clips decode (readyState >= HAVE_CURRENT_DATA, their real frame size), show at the same size, and keep
+    playing in step, unpaused, until each has run past its end and looped (1.5 s clips: about 1.8 s of watching).
+    Progress is summed over short polls, each step taken modulo the duration, so a loop counts as going on."""
+    videos = wait_until(
+        lambda: (v := driver.execute_script(VIDEOS_JS)) and all(s["ready"] >= 2 and s["width"] > 0 for s in v.values()) and v,
+        "both clips are decoded",
+    )
+    for side in videos.values():
+        assert (side["width"], side["height"]) == (SIDE, SIDE), side
+        assert side["error"] is None, side
+    left_box, right_box = videos["left"]["box"], videos["right"]["box"]
+    assert left_box[0] > 50 and left_box[1] > 50, left_box
+    assert left_box == pytest.approx(right_box, abs=1), (left_box, right_box)
+
+    progress, previous = {"left": 0.0, "right": 0.0}, videos
+    frames_before = {side: videos[side]["frames"] for side in videos}
+
+    def played_a_second():
+        nonlocal previous
+        now = driver.execute_script(VIDEOS_JS)
+        for side in now:
+            assert not now[side]["paused"], f"the {side} clip is paused: {now[side]}"
+            progress[side] += (now[side]["time"] - previous[side]["time"]) % now[side]["duration"]
+        gap = abs(now["left"]["time"] - now["right"]["time"])
+        gap = min(gap, now["left"]["duration"] - gap)  # both loop: 1.49 s apart is 0.01 s apart
+        assert gap < STEP_TOLERANCE, f"the clips are {gap:.2f} s apart: {now}"
+        previous = now
+        return min(progress.values()) >= now["left"]["duration"] + 0.25 and now  # past the loop, and a bit more
+
+    now = wait_until(played_a_second, f"both clips play through a loop (progress so far {progress})")
+    for side in now:
+        assert now[side]["frames"] > frames_before[side], f"the {side} clip decoded no new frame: {now[side]}"
+
+
+def press(driver, key):
+    webdriver.ActionChains(driver).send_keys(key).perform()
+
+
+def answers_in_database(db):
+    """The answers table, read straight from the file (read-only, so the test cannot change what it checks)."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        return connection.execute("SELECT pair_id, rater, choice FROM answers ORDER BY created").fetchall()
+
+
+def test_rater_labels_three_pairs_with_the_arrow_keys_while_both_clips_play(label_server, clips, browser):
+    server = label_server()
+    pairs = post_pairs(server, clips, 3)
+    browser.get(f"{server.url}/?rater={RATER}")
+    assert browser.find_element("id", "rater").get_attribute("value") == RATER
+    keys = (webdriver.Keys.ARROW_LEFT, webdriver.Keys.ARROW_RIGHT, webdriver.Keys.ARROW_UP)
+    for pair, key in zip(pairs, keys):
+        show_pair(browser, pair)  # the next key only counts once the page shows the next pair
+        press(browser, key)
+
+    message = wait_until(lambda: text_of(browser, "message"), "the page says nothing is left to label")
+    assert message.startswith("Nothing to label"), message
+    assert text_of(browser, "status") == "you have labelled 3 pairs; 0 waiting"
+
+    expected = [(pair["pair_id"], RATER, choice) for pair, choice in zip(pairs, ("left", "right", "equal"))]
+    for pair_id, rater, choice in expected:
+        status, body = server.call("GET", f"/api/pairs/{pair_id}")
+        assert status == 200
+        assert body["answers"] == [{"rater": rater, "choice": choice}], body
+    status, body = server.call("GET", f"/api/labels?experiment={EXPERIMENT}&since=0")
+    assert status == 200
+    assert [(label["pair_id"], label["choice"]) for label in body["labels"]] == [(p, c) for p, _, c in expected]
+    assert answers_in_database(server.db) == expected
+
+
+def test_arrow_down_records_cant_tell(label_server, clips, browser):
+    server = label_server()
+    (pair,) = post_pairs(server, clips, 1)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pair)
+    press(browser, webdriver.Keys.ARROW_DOWN)
+    wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the answer is recorded")
+    assert answers_in_database(server.db) == [(pair["pair_id"], RATER, "cant_tell")]

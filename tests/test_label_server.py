@@ -1,0 +1,315 @@
+"""label_server.py's HTTP API, against a real server process on a free port: the labelling cycle, idempotency,
+overlap with majority vote, golden pairs, the token, bad input, and kill -9 losing nothing acknowledged."""
+
+import socket
+import sqlite3
+import threading
+
+import label_server as ls
+import pytest
+
+CLIP = b"\x1a\x45\xdf\xa3" + bytes(range(256)) * 4  # a WebM signature and some bytes
+
+
+def post_pair(server, pair_id, experiment="exp", golden=None, **extra):
+    """Upload two clips and post them as a pair; returns the POST's (status, body)."""
+    for side in ("l", "r"):
+        assert server.call("PUT", f"/api/clips/{pair_id}-{side}", raw=CLIP)[0] == 201
+    pair = {"experiment": experiment, "pair_id": pair_id, "left_clip": f"{pair_id}-l", "right_clip": f"{pair_id}-r"}
+    if golden:
+        pair["golden"] = golden
+    return server.call("POST", "/api/pairs", {**pair, **extra})
+
+
+def answer(server, pair_id, rater, choice):
+    return server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": rater, "choice": choice})
+
+
+def next_pair(server, rater):
+    status, body = server.call("GET", f"/api/pairs/next?rater={rater}")
+    return None if status == 204 else body
+
+
+def labels(server, experiment="exp", since=0):
+    status, body = server.call("GET", f"/api/labels?experiment={experiment}&since={since}")
+    assert status == 200, body
+    return body["labels"]
+
+
+def test_the_whole_labelling_cycle(label_server):
+    server = label_server()
+    assert server.call("GET", "/healthz") == (200, {"ok": True, "clips": 0, "pairs": 0, "answers": 0, "labels": 0})
+    status, body = post_pair(server, "p1", instruction="Which hopper goes faster?", metadata={"left_true_return": 3.5})
+    assert (status, body) == (201, {"pair_id": "p1", "created": True})
+
+    pair = next_pair(server, "ann")
+    assert pair["pair_id"] == "p1" and pair["instruction"] == "Which hopper goes faster?"
+    assert (pair["answered"], pair["waiting"]) == (0, 1)
+    assert server.call("GET", pair["left_url"]) == (200, CLIP)  # the clip comes back byte for byte
+    assert labels(server) == []  # nothing final before an answer
+
+    status, body = answer(server, "p1", "ann", "right")
+    assert status == 201 and body["final"]
+    (label,) = labels(server)
+    assert label["pair_id"] == "p1" and label["choice"] == "right" and label["metadata"] == {"left_true_return": 3.5}
+    assert next_pair(server, "ann") is None  # 204: nothing waiting
+    assert server.call("GET", "/api/stats?rater=ann") == (200, {"answered": 1, "waiting": 0})
+
+    # polling is incremental: labels after the last sequence number seen
+    post_pair(server, "p2")
+    answer(server, "p2", "ann", "equal")
+    assert [x["pair_id"] for x in labels(server, since=label["seq"])] == ["p2"]
+    assert labels(server, experiment="another") == []
+
+
+def test_clips_serve_byte_ranges(label_server):
+    server = label_server()
+    post_pair(server, "p1")
+    status, body = server.call("GET", "/clips/p1-l", headers={"Range": "bytes=4-9"})
+    assert (status, body) == (206, CLIP[4:10])
+    status, body = server.call("GET", "/clips/p1-l", headers={"Range": "bytes=-3"})
+    assert (status, body) == (206, CLIP[-3:])
+    assert server.call("GET", "/clips/p1-l", headers={"Range": f"bytes={len(CLIP) + 5}-"})[0] == 416
+
+
+def test_posting_and_answering_twice_is_harmless(label_server):
+    server = label_server()
+    assert post_pair(server, "p1")[0] == 201
+    assert post_pair(server, "p1") == (200, {"pair_id": "p1", "created": False})
+    assert server.call("GET", "/healthz")[1]["pairs"] == 1
+    # the same id with other clips is a conflict, not a silent overwrite
+    status, body = server.call(
+        "POST", "/api/pairs", {"experiment": "exp", "pair_id": "p1", "left_clip": "p1-r", "right_clip": "p1-l"}
+    )
+    assert status == 409 and "p1" in body["error"]
+
+    assert answer(server, "p1", "ann", "left")[0] == 201
+    status, body = answer(server, "p1", "ann", "right")  # a second answer by the same rater: the first one stays
+    assert status == 200 and body["duplicate"]
+    assert [x["choice"] for x in labels(server)] == ["left"]
+    assert server.call("GET", "/healthz")[1]["answers"] == 1
+
+
+@pytest.mark.parametrize(
+    "votes, expected",
+    [
+        (["left", "left", "right"], "left"),
+        (["right", "cant_tell", "right"], "right"),
+        (["left", "right", "equal"], "equal"),
+        (["cant_tell", "cant_tell", "left"], "cant_tell"),
+        (["left", "right"], "equal"),  # a left/right tie becomes equal
+        (["left", "cant_tell"], "left"),
+        (["right", "equal"], "equal"),
+    ],
+)
+def test_majority_vote(votes, expected):
+    assert ls.majority_vote(votes) == expected
+
+
+def test_overlap_collects_n_answers_and_publishes_the_majority(label_server):
+    server = label_server("--overlap", 3)
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    for rater, choice in [("ann", "left"), ("bob", "right")]:
+        assert answer(server, "p1", rater, choice)[1]["final"] is False
+        assert next_pair(server, rater)["pair_id"] == "p2"  # a rater is never shown a pair twice
+    assert next_pair(server, "cat")["pair_id"] == "p1"  # still open: it needs a third answer
+    assert labels(server) == []
+    assert answer(server, "p1", "cat", "left")[1]["final"] is True
+    (label,) = labels(server)
+    assert (label["choice"], sorted(label["votes"])) == ("left", ["left", "left", "right"])
+    assert next_pair(server, "dan")["pair_id"] == "p2"  # p1 is done: nobody else is asked
+
+    server2 = label_server("--overlap", 2, db=server.db + "2")
+    post_pair(server2, "p1")
+    answer(server2, "p1", "ann", "left")
+    answer(server2, "p1", "bob", "right")
+    assert [x["choice"] for x in labels(server2)] == ["equal"]
+
+
+def test_golden_pairs_are_mixed_in_and_exclude_inaccurate_raters(label_server):
+    server = label_server("--golden-every", 2, "--golden-min", 2, "--golden-threshold", 0.6)
+    for i in range(3):
+        post_pair(server, f"gold{i}", golden="left")
+    for i in range(4):
+        post_pair(server, f"p{i}")
+
+    def label_all(server, rater, golden_choice, choice):
+        served = []
+        while (pair := next_pair(server, rater)) is not None:
+            served.append(pair["pair_id"])
+            answer(server, pair["pair_id"], rater, golden_choice if pair["pair_id"].startswith("gold") else choice)
+        return served
+
+    # one golden pair every second pair while any is left, starting with the first
+    assert label_all(server, "good", "left", "right") == ["gold0", "p0", "gold1", "p1", "gold2", "p2", "p3"]
+    assert all(x["choice"] == "right" for x in labels(server))  # golden pairs never reach the trainer
+    assert {x["pair_id"] for x in labels(server)} == {"p0", "p1", "p2", "p3"}
+
+    # with overlap 2, a rater who fails the golden pairs stops counting: pairs wait for a reliable second answer
+    server2 = label_server(
+        "--overlap", 2, "--golden-every", 1, "--golden-min", 2, "--golden-threshold", 0.6, db=server.db + "2"
+    )
+    for i in range(2):
+        post_pair(server2, f"gold{i}", golden="left")
+    post_pair(server2, "p0")
+    label_all(server2, "good", "left", "right")
+    assert label_all(server2, "spammer", "right", "left") == ["gold0", "gold1", "p0"]
+    assert labels(server2) == []  # the spammer's answer to p0 does not count
+    assert next_pair(server2, "third")["pair_id"] == "gold0"
+    label_all(server2, "third", "left", "right")
+    (label,) = labels(server2)
+    assert label["choice"] == "right" and sorted(label["votes"]) == ["right", "right"]
+
+
+def test_token_guards_the_trainer_endpoints_only(label_server):
+    server = label_server(token="s3cret")
+    assert post_pair(server, "p1")[0] == 201  # the helper sends the right token
+    for method, path, body in [
+        ("PUT", "/api/clips/c9", None),
+        ("POST", "/api/pairs", {"experiment": "exp", "pair_id": "p9", "left_clip": "p1-l", "right_clip": "p1-r"}),
+        ("GET", "/api/labels?experiment=exp", None),
+        ("GET", "/api/pairs/p1", None),
+    ]:
+        server.token = None
+        raw = CLIP if method == "PUT" else None
+        assert server.call(method, path, body, raw=raw)[0] == 401
+        assert server.call(method, path, body, raw=raw, token="wrong")[0] == 401
+        server.token = "s3cret"
+    server.token = None  # raters need no token: the page, the next pair, clips and answers
+    assert server.call("GET", "/")[0] == 200
+    assert next_pair(server, "ann")["pair_id"] == "p1"
+    assert server.call("GET", "/clips/p1-l")[0] == 200
+    assert answer(server, "p1", "ann", "left")[0] == 201
+    assert server.call("GET", "/api/labels?experiment=exp", token="s3cret")[1]["labels"][0]["choice"] == "left"
+
+
+def raw_request(port, data):
+    """Send raw bytes over a socket and return the status line and body of the reply."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0].decode(), body
+
+
+@pytest.mark.parametrize(
+    "method, path, body, status, message",
+    [
+        ("POST", "/api/pairs", b"{not json", 400, "malformed JSON"),
+        ("POST", "/api/pairs", b"[1, 2]", 400, "JSON object"),
+        ("POST", "/api/pairs", {"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l"}, 400, "right_clip"),
+        ("POST", "/api/pairs", {"experiment": "exp", "pair_id": 7, "left_clip": "p1-l", "right_clip": "p1-r"}, 400, "pair_id"),
+        ("POST", "/api/pairs", {"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l", "right_clip": "nope"}, 404, "nope"),
+        (
+            "POST",
+            "/api/pairs",
+            {"experiment": "e", "pair_id": "../x", "left_clip": "p1-l", "right_clip": "p1-r"},
+            400,
+            "pair_id",
+        ),
+        (
+            "POST",
+            "/api/pairs",
+            {"experiment": "e", "pair_id": "p3", "left_clip": "p1-l", "right_clip": "p1-r", "golden": "up"},
+            400,
+            "golden",
+        ),
+        ("POST", "/api/labels", {"pair_id": "p1", "rater": "ann", "choice": "up"}, 400, "choice"),
+        ("POST", "/api/labels", {"pair_id": "p1", "rater": "ann", "choice": 1}, 400, "choice"),
+        ("POST", "/api/labels", {"pair_id": "p1", "choice": "left"}, 400, "rater"),
+        ("POST", "/api/labels", {"pair_id": "unknown", "rater": "ann", "choice": "left"}, 404, "unknown pair"),
+        ("POST", "/api/labels", {"pair_id": "p1", "rater": "<script>", "choice": "left"}, 400, "rater"),
+        ("GET", "/api/pairs/next", None, 400, "rater"),
+        ("GET", "/api/labels?experiment=exp&since=-1", None, 400, "since"),
+        ("GET", "/api/labels", None, 400, "experiment"),
+        ("GET", "/clips/missing", None, 404, "unknown clip"),
+        ("GET", "/clips/..%2F..%2Fetc%2Fpasswd", None, 400, "clip_id"),
+        ("GET", "/clips/.hidden", None, 400, "clip_id"),
+        ("PUT", "/api/clips/a%2Fb", b"x", 400, "clip_id"),
+        ("PUT", "/api/clips/empty", b"", 400, "empty clip"),
+        ("GET", "/api/nothing", None, 404, "no such endpoint"),
+    ],
+)
+def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(label_server, method, path, body, status, message):
+    server = label_server()
+    post_pair(server, "p1")
+    raw = body if isinstance(body, bytes) else None
+    got, reply = server.call(method, path, None if raw is not None else body, raw=raw)
+    assert got == status and message in reply["error"], reply
+    assert server.call("GET", "/healthz")[1]["pairs"] == 1  # still serving, nothing changed
+
+
+def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
+    server = label_server("--max-json-bytes", 1000, "--max-clip-bytes", 5000)
+    post_pair(server, "p1")
+    status, reply = server.call("POST", "/api/pairs", raw=b"{" + b" " * 2000 + b"}")
+    assert status == 413 and "over the limit" in reply["error"]
+    assert server.call("PUT", "/api/clips/big", raw=b"\0" * 6000)[0] == 413
+    assert server.call("GET", "/clips/big")[0] == 404  # nothing stored
+    # the literal path, as curl --path-as-is sends it: never a file of the machine
+    line, body = raw_request(server.port, b"GET /clips/../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert " 404 " in line and b"root:" not in body
+    line, body = raw_request(
+        server.port, b"POST /api/labels HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\nConnection: close\r\n\r\n"
+    )
+    assert " 400 " in line
+    line, body = raw_request(server.port, b"POST /api/labels HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert " 411 " in line
+    raw_request(server.port, b"GARBAGE\r\n\r\n")
+    assert server.call("GET", "/healthz")[0] == 200
+
+
+def test_kill_9_and_restart_lose_nothing_acknowledged(label_server, tmp_path):
+    db = tmp_path / "durable.sqlite"
+    server = label_server(db=db)
+    acknowledged = {"clips": [], "pairs": [], "answers": []}
+    stop = threading.Event()
+
+    def trainer_and_rater():
+        """Writes as fast as it can, recording what the server acknowledged, until the server dies."""
+        i = 0
+        while not stop.is_set():
+            try:
+                if server.call("PUT", f"/api/clips/c{i}", raw=CLIP)[0] != 201:
+                    return
+                acknowledged["clips"].append(f"c{i}")
+                pair = {"experiment": "exp", "pair_id": f"p{i}", "left_clip": f"c{i}", "right_clip": f"c{i}"}
+                if server.call("POST", "/api/pairs", pair)[0] != 201:
+                    return
+                acknowledged["pairs"].append(f"p{i}")
+                if answer(server, f"p{i}", "ann", "left")[0] != 201:
+                    return
+                acknowledged["answers"].append(f"p{i}")
+            except OSError:  # connection refused or reset: the server is gone
+                return
+            i += 1
+
+    writer = threading.Thread(target=trainer_and_rater)
+    writer.start()
+    while len(acknowledged["answers"]) < 20:
+        writer.join(0.05)
+    server.kill()  # SIGKILL in the middle of the writes
+    stop.set()
+    writer.join()
+
+    restarted = label_server(db=db)
+    for clip in acknowledged["clips"]:
+        assert restarted.call("GET", f"/clips/{clip}") == (200, CLIP)
+    final = {x["pair_id"] for x in labels(restarted)}
+    assert set(acknowledged["answers"]) <= final
+    with sqlite3.connect(db) as check:
+        pairs = {row[0] for row in check.execute("SELECT pair_id FROM pairs")}
+    assert set(acknowledged["pairs"]) <= pairs
+    # and it keeps working where it stopped
+    assert post_pair(restarted, "after")[0] == 201 and answer(restarted, "after", "ann", "left")[0] == 201
+
+
+def test_the_page_is_served_with_the_keys_of_c17(label_server):
+    status, page = label_server().call("GET", "/")
+    html = page.decode()
+    assert status == 200 and "<video" in html
+    for key, choice in [("ArrowLeft", "left"), ("ArrowRight", "right"), ("ArrowUp", "equal"), ("ArrowDown", "cant_tell")]:
+        assert f'{key}: "{choice}"' in html
