@@ -120,6 +120,9 @@ class Args:
     """iterations between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
     """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1 on MuJoCo)"""
+    anchor_absorbing: bool = True
+    """shift the normalised reward given to PPO so the absorbing (fallen) state earns 0, like the true reward (the
+    optimal policy is unchanged: see README, "Episodes that end early")"""
     label_noise: float = 0.1
     """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
     teacher_beta: float = float("inf")
@@ -1114,6 +1117,10 @@ if __name__ == "__main__":
                         recent_predicted.append(predicted_episode_return[i])
                         writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
                     predicted_episode_return[dones[t]] = 0.0
+                if args.anchor_absorbing:
+                    # the same reward up to a constant (Bradley-Terry fixes only differences): the fallen state earns 0,
+                    # as under the true reward, so return scaling and the critic see what the baseline sees
+                    rewards_np, absorbing_reward = rewards_np - absorbing_reward, 0.0
             else:
                 rewards_np, absorbing_reward = true_rewards.copy(), 0.0  # the true reward after a fall is 0 forever
             reward_scale = discounted_return_scale(return_rms, rewards_np, dones, running_return, args.gamma)

@@ -1,0 +1,126 @@
+"""--feedback human: rlhf_ppo_mujoco.py renders clips, posts pairs to a live label_server.py and learns from the answers
+of a scripted rater who answers through the HTTP API by the true reward; a server that is down at the start is waited
+for; pairs still unanswered when a run stops are saved and asked again on resume."""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import rlhf_ppo_mujoco as rl
+import torch
+from helpers import SCRIPT, only_run_dir
+
+HUMAN = (
+    "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-steps 512 --pretrain-steps 1024 --labels 40"
+    " --pretrain-fraction 0.5 --segment-len 10 --pretrain-epochs 40 --reward-eval-every 2 --clip-size 48 --save-model"
+)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scripted_rater(server, stop, answered):
+    """Answers every pair it is shown by the true returns the trainer posted in the pair's metadata."""
+    while not stop.is_set():
+        status, pair = server.call("GET", "/api/pairs/next?rater=script")
+        if status == 204:
+            time.sleep(0.2)
+            continue
+        meta = server.call("GET", f"/api/pairs/{pair['pair_id']}")[1]["metadata"]
+        left, right = meta["left_true_return"], meta["right_true_return"]
+        choice = "left" if left > right else "right" if right > left else "equal"
+        status, _ = server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": "script", "choice": choice})
+        assert status == 201
+        answered[pair["pair_id"]] = choice
+
+
+def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_server):
+    port = free_port()
+    trainer = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *HUMAN.split(), "--label-server", f"http://127.0.0.1:{port}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    reader = threading.Thread(target=lambda: output.extend(trainer.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 120
+    while not any("unreachable" in line for line in output):  # the trainer notices the server is down, and says so
+        assert time.time() < deadline and trainer.poll() is None, "".join(output)
+        time.sleep(0.2)
+
+    server = label_server(port=port)
+    stop, answered = threading.Event(), {}
+    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
+    rater.start()
+    try:
+        assert trainer.wait(timeout=600) == 0, "".join(output)
+    finally:
+        stop.set()
+        rater.join(timeout=30)
+    reader.join(timeout=30)
+    log = "".join(output)
+    assert "is back" in log and "waiting for" in log and "labels 20/20 from the initial policy" in log
+
+    run_dir = only_run_dir(tmp_path)
+    labels = np.load(run_dir / "labels.npz")
+    assert len(labels["mu"]) >= 20  # at least the pretraining pairs, all answered by the rater
+    # the labels are the rater's answers: the segment with more true reward
+    true_returns = labels["true_reward"].sum(-1)
+    expected = np.where(
+        true_returns[:, 0] > true_returns[:, 1], 1.0, np.where(true_returns[:, 0] < true_returns[:, 1], 0.0, 0.5)
+    )
+    np.testing.assert_array_equal(labels["mu"], expected)
+    assert set(answered.values()) <= {"left", "right", "equal"} and len(answered) >= len(labels["mu"])
+
+    # the clips on the server are real WebM videos
+    status, clip = server.call("GET", f"/clips/{next(iter(answered))}-left")
+    assert status == 200 and clip[:4] == b"\x1a\x45\xdf\xa3"
+
+    # the reward model learned from those labels: it orders the labelled pairs as the rater did
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ensemble = rl.RewardEnsemble(labels["obs"].shape[-1], labels["act"].shape[-1], 3)
+    ensemble.load_state_dict(checkpoint["reward_ensemble"])
+    segments = {k: torch.as_tensor(labels[k]) for k in ("obs", "act", "mask")}
+    with torch.no_grad():
+        returns = ensemble.segment_returns(segments).mean(0)  # (labels, 2)
+    strict = labels["mu"] != 0.5
+    agreement = ((returns[:, 0] > returns[:, 1]).numpy() == (labels["mu"] == 1))[strict].mean()
+    assert agreement > 0.8, agreement
+
+
+def test_unanswered_pairs_are_saved_and_asked_again(tmp_path):
+    rng = np.random.default_rng(0)
+
+    def segments(n):
+        return {
+            "obs": rng.normal(size=(n, 5, 11)).astype(np.float32),
+            "act": rng.normal(size=(n, 5, 3)).astype(np.float32),
+            "mask": np.ones((n, 5), np.float32),
+            "true_reward": rng.normal(size=(n, 5)).astype(np.float32),
+            "sim_state": rng.normal(size=(n, 12)),
+        }
+
+    teacher = rl.HumanTeacher("Hopper-v4", "http://127.0.0.1:9", None, "exp", "Which?")
+    left, right = segments(3), segments(3)
+    teacher.ask(left, right)
+    assert teacher.pending == 3
+    teacher.save(str(tmp_path / "pending.npz"))
+
+    resumed = rl.HumanTeacher("Hopper-v4", "http://127.0.0.1:9", None, "exp", "Which?")
+    resumed.load(str(tmp_path / "pending.npz"))
+    assert resumed.pending == 3 and resumed.queued == ["exp-000000", "exp-000001", "exp-000002"]
+    for i, pair_id in enumerate(resumed.queued):  # the same segments, ready to be rendered and posted again
+        for key in left:
+            np.testing.assert_array_equal(resumed.waiting[pair_id][0][key], left[key][i])
+            np.testing.assert_array_equal(resumed.waiting[pair_id][1][key], right[key][i])
+    resumed.ask(segments(1), segments(1))
+    assert resumed.queued[-1] == "exp-000003"  # new pairs never reuse an id the server has seen
