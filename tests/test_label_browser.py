@@ -5,6 +5,7 @@ API and the SQLite file; once every pair is answered the page says so and counts
 
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -51,19 +52,17 @@ def webm_clip(path, shade):
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
-    """Six different clips (a new background shade each), as bytes."""
+    """Six different clips (a new grey background each, none black like the empty player), as bytes."""
     folder = tmp_path_factory.mktemp("clips")
-    good = [webm_clip(folder / f"clip{i}.webm", shade=40 * i) for i in range(6)]
-    return [bytes(range(256)) * 40] + good[1:]
+    return [webm_clip(folder / f"clip{i}.webm", shade=30 + 40 * i) for i in range(6)]
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Headless Chromium with the system's chromedriver; Selenium must never download a driver or a browser."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SE_OFFLINE", "true")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
+    # No --autoplay-policy flag: the muted clips must start under Chromium's default policy, as they do for a rater.
     for flag in (
         "--headless=new",
         "--no-sandbox",
@@ -73,27 +72,29 @@ def browser(tmp_path_factory):
         "--disable-component-update",
         "--disable-sync",
         "--disable-quic",
-        "--autoplay-policy=no-user-gesture-required",
         "--window-size=1200,900",
         f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
     ):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_script_timeout(DEADLINE)
-    yield driver
-    driver.quit()
-    mp.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SE_OFFLINE", "true")
+        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        driver.set_script_timeout(DEADLINE)
+        yield driver
+    finally:
+        driver.quit()
 
 
-def wait_until(condition, what):
-    """Polls `condition()` until it returns something truthy (and returns that); fails after DEADLINE seconds."""
-    end, last = time.monotonic() + DEADLINE, None
+def wait_until(condition, what, show=None):
+    """Polls `condition()` until it returns something truthy (and returns that); fails after DEADLINE seconds, saying
+    what `show()` sees then."""
+    end = time.monotonic() + DEADLINE
     while time.monotonic() < end:
-        last = condition()
-        if last:
-            return last
+        if result := condition():
+            return result
         time.sleep(0.1)
-    pytest.fail(f"timed out after {DEADLINE:.0f} s waiting until {what}; last seen: {last!r}")
+    pytest.fail(f"timed out after {DEADLINE:.0f} s waiting until {what}" + (f"; the page shows {show()!r}" if show else ""))
 
 
 def post_pairs(server, clips, count):
@@ -121,13 +122,18 @@ def text_of(driver, element_id):
     return element.text if element.is_displayed() else ""
 
 
+def videos(driver):
+    return driver.execute_script(VIDEOS_JS)
+
+
 def show_pair(driver, pair):
     """Waits until the page shows `pair` (its clips and its instruction), then checks both clips play together."""
     wait_until(
-        lambda: driver.execute_script(VIDEOS_JS)["left"]["src"] == f"/clips/{pair['left_clip']}",
+        lambda: videos(driver)["left"]["src"] == f"/clips/{pair['left_clip']}",
         f"the page shows {pair['pair_id']}",
+        show=lambda: (videos(driver), text_of(driver, "message")),
     )
-    assert driver.execute_script(VIDEOS_JS)["right"]["src"] == f"/clips/{pair['right_clip']}"
+    assert videos(driver)["right"]["src"] == f"/clips/{pair['right_clip']}"
     assert text_of(driver, "instruction") == pair["instruction"]
     assert_both_clips_play(driver)
 
@@ -136,23 +142,26 @@ def assert_both_clips_play(driver):
     """Both clips decode (readyState >= HAVE_CURRENT_DATA, their real frame size), show at the same size, and keep
     playing in step, unpaused, until each has run past its end and looped (1.5 s clips: about 1.8 s of watching).
     Progress is summed over short polls, each step taken modulo the duration, so a loop counts as going on."""
-    videos = wait_until(
-        lambda: (v := driver.execute_script(VIDEOS_JS)) and all(s["ready"] >= 2 and s["width"] > 0 for s in v.values()) and v,
-        "both clips are decoded",
-    )
-    for side in videos.values():
-        assert (side["width"], side["height"]) == (SIDE, SIDE), side
-        assert side["error"] is None, side
-    left_box, right_box = videos["left"]["box"], videos["right"]["box"]
+
+    def decoded():
+        now = videos(driver)
+        for side, state in now.items():
+            assert state["error"] is None, f"the {side} clip cannot be played (MediaError code {state['error']}): {state}"
+        return all(state["ready"] >= 2 and state["width"] > 0 for state in now.values()) and now
+
+    first = wait_until(decoded, "both clips are decoded", show=lambda: videos(driver))
+    for side, state in first.items():
+        assert (state["width"], state["height"]) == (SIDE, SIDE), f"the {side} clip has the wrong size: {state}"
+    left_box, right_box = first["left"]["box"], first["right"]["box"]
     assert left_box[0] > 50 and left_box[1] > 50, left_box
     assert left_box == pytest.approx(right_box, abs=1), (left_box, right_box)
 
-    progress, previous = {"left": 0.0, "right": 0.0}, videos
-    frames_before = {side: videos[side]["frames"] for side in videos}
+    progress, previous, start = {"left": 0.0, "right": 0.0}, first, time.monotonic()
+    frames_before = {side: state["frames"] for side, state in first.items()}
 
-    def played_a_second():
+    def played_through_a_loop():
         nonlocal previous
-        now = driver.execute_script(VIDEOS_JS)
+        now = videos(driver)
         for side in now:
             assert not now[side]["paused"], f"the {side} clip is paused: {now[side]}"
             progress[side] += (now[side]["time"] - previous[side]["time"]) % now[side]["duration"]
@@ -160,9 +169,12 @@ def assert_both_clips_play(driver):
         gap = min(gap, now["left"]["duration"] - gap)  # both loop: 1.49 s apart is 0.01 s apart
         assert gap < STEP_TOLERANCE, f"the clips are {gap:.2f} s apart: {now}"
         previous = now
-        return min(progress.values()) >= now["left"]["duration"] + 0.25 and now  # past the loop, and a bit more
+        # past the loop end and a bit more, by the clips' clocks and by the wall clock (the page's one rewind to 0
+        # when both clips start would otherwise count as progress)
+        duration = now["left"]["duration"]
+        return min(progress.values()) >= duration + 0.25 and time.monotonic() - start >= duration + 0.25 and now
 
-    now = wait_until(played_a_second, f"both clips play through a loop (progress so far {progress})")
+    now = wait_until(played_through_a_loop, "both clips play through a loop", show=lambda: (progress, videos(driver)))
     for side in now:
         assert now[side]["frames"] > frames_before[side], f"the {side} clip decoded no new frame: {now[side]}"
 
@@ -173,7 +185,7 @@ def press(driver, key):
 
 def answers_in_database(db):
     """The answers table, read straight from the file (read-only, so the test cannot change what it checks)."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
         return connection.execute("SELECT pair_id, rater, choice FROM answers ORDER BY created").fetchall()
 
 
