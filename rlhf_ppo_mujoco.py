@@ -603,8 +603,8 @@ class HumanTeacher:
 
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
-        """One HTTP call, retried with exponential backoff until it succeeds; a 4xx other than 404 on a label
-        poll is a bug and stops the thread."""
+        """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
+        a 4xx stops the thread with the server's message (poll() then stops the run)."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -617,8 +617,9 @@ class HumanTeacher:
                         print(f"label server at {self.server} is back")
                     return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as error:
-                if error.code < 500:
-                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}")
+                if error.code < 500:  # the request itself is wrong: retrying cannot help
+                    hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
+                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
                 reason = f"HTTP {error.code}"
             except (urllib.error.URLError, OSError) as error:
                 reason = str(getattr(error, "reason", error))
@@ -686,7 +687,7 @@ class HumanTeacher:
                     self.stop.wait(self.poll_interval)
             render_env.close()
         except Exception as error:  # reported to the training loop by poll()
-            self.failure = repr(error)
+            self.failure = f"{type(error).__name__}: {error}"
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
