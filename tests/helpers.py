@@ -1,8 +1,10 @@
 """Running the script as a user does: in a subprocess, in a fresh folder, judged by what it writes."""
 
 import json
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,9 +14,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 SCRIPT = Path(__file__).resolve().parents[1] / "rlhf_ppo_mujoco.py"
 
 
-def run_script(cwd, args, timeout=300):
+def run_script(cwd, args, timeout=300, script=SCRIPT):
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args.split()], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(script), *args.split()], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -78,3 +80,24 @@ class LabelServer:
                 self.kill()
         self.process.stdout.close()
         self.process.stderr.close()
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scripted_rater(server, stop, answered):
+    """Answers every pair it is shown by the true returns the trainer posted in the pair's metadata."""
+    while not stop.is_set():
+        status, pair = server.call("GET", "/api/pairs/next?rater=script")
+        if status == 204:
+            time.sleep(0.2)
+            continue
+        meta = server.call("GET", f"/api/pairs/{pair['pair_id']}")[1]["metadata"]
+        left, right = meta["left_true_return"], meta["right_true_return"]
+        choice = "left" if left > right else "right" if right > left else "equal"
+        status, _ = server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": "script", "choice": choice})
+        assert status == 201
+        answered[pair["pair_id"]] = choice

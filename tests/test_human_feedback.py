@@ -2,7 +2,6 @@
 of a scripted rater who answers through the HTTP API by the true reward; a server that is down at the start is waited
 for; pairs still unanswered when a run stops are saved and asked again on resume."""
 
-import socket
 import subprocess
 import sys
 import threading
@@ -11,33 +10,12 @@ import time
 import numpy as np
 import rlhf_ppo_mujoco as rl
 import torch
-from helpers import SCRIPT, only_run_dir
+from helpers import SCRIPT, free_port, only_run_dir, scripted_rater
 
 HUMAN = (
     "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-steps 512 --pretrain-steps 1024 --labels 40"
     " --pretrain-fraction 0.5 --segment-len 10 --pretrain-epochs 40 --reward-eval-every 2 --clip-size 48 --save-model"
 )
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def scripted_rater(server, stop, answered):
-    """Answers every pair it is shown by the true returns the trainer posted in the pair's metadata."""
-    while not stop.is_set():
-        status, pair = server.call("GET", "/api/pairs/next?rater=script")
-        if status == 204:
-            time.sleep(0.2)
-            continue
-        meta = server.call("GET", f"/api/pairs/{pair['pair_id']}")[1]["metadata"]
-        left, right = meta["left_true_return"], meta["right_true_return"]
-        choice = "left" if left > right else "right" if right > left else "equal"
-        status, _ = server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": "script", "choice": choice})
-        assert status == 201
-        answered[pair["pair_id"]] = choice
 
 
 def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_server):

@@ -1,0 +1,1313 @@
+# PPO from preferences on the moving-dot problem (C17's method on a toy task that learns in minutes on a laptop):
+# docs in README.md "The moving dot", results in benchmark/README.md "Moving dot"
+import json
+import math
+import os
+import random
+import re
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import gymnasium as gym
+import imageio
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=False`"""
+    cuda: bool = False
+    """if toggled, cuda will be used when available (the networks are tiny: the CPU is usually faster)"""
+    threads: int = 1
+    """torch CPU threads (1 lets several runs share a machine without slowing each other)"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    save_model: bool = False
+    """whether to save a checkpoint (agent and reward ensemble) to `runs/{run_name}`"""
+    checkpoint_every: int = 50
+    """with --save-model, write the checkpoint every this many iterations (and at the end)"""
+    resume: Optional[str] = None
+    """a run folder `runs/{run_name}` to continue from its checkpoint and saved labels"""
+    eval_only: bool = False
+    """evaluate the checkpoint of --resume (most likely action) for --eval-episodes episodes and exit"""
+    eval_episodes: int = 10
+    """number of episodes for --eval-only"""
+
+    # Algorithm specific arguments
+    observation: Literal["position", "pixels"] = "position"
+    """what the agent and the reward model see: the dot's position (the blog's) or a 42x32 grey frame (mrahtz's)"""
+    episode_steps: int = 2000
+    """steps per episode (the blog's 2000; episodes never end early)"""
+    total_timesteps: int = 200000
+    """total timesteps of the experiments (RLHF pretraining rollouts included)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+
+    # Preference learning arguments
+    feedback: Literal["synthetic", "human", "true-reward"] = "synthetic"
+    """where the reward comes from: preferences of the synthetic teacher, of people through label_server.py, or the
+    environment's reward (baseline)"""
+    offline: bool = False
+    """the blog's offline variant: label random-policy segment pairs into an SQLite database, fit the reward model
+    once, then run RL on the frozen model (C17 3.3 found offline fitting can be exploited); synthetic teacher only"""
+    preference_db: Optional[str] = None
+    """with --offline: the SQLite preference database (default `runs/{run_name}/preferences.sqlite`); pairs already in
+    it are reused and only the missing ones are labelled"""
+    labels: int = 500
+    """total number of preference labels to query over the run"""
+    segment_len: int = 10
+    """steps per segment (the blog: 1, C17: 15-60): short segments say more about each step (10 learned faster than 25
+    here: benchmark/README.md), long enough to show people a movement (a 1.7 s clip at --clip-fps 6)"""
+    pretrain_fraction: float = 0.25
+    """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%)"""
+    pretrain_steps: int = 8192
+    """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
+    pretrain_epochs: int = 200
+    """epochs of reward-model training (C17 A.2: 200) on the pretraining labels (or the offline database) before RL starts"""
+    schedule_horizon: float = 2e5
+    """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6 for runs of
+    millions of steps; scaled down to this problem's runs)"""
+    selection: Literal["variance", "random"] = "variance"
+    """how pairs are chosen: highest ensemble disagreement among candidates (C17 2.2.4), or at random (ablation)"""
+    candidate_multiplier: int = 10
+    """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
+    ensemble_size: int = 3
+    """number of reward predictors in the ensemble (C17: 3)"""
+    reward_lr: float = 1e-3
+    """learning rate of the reward model (Adam)"""
+    reward_batch_size: int = 64
+    """preference pairs per reward-model gradient step"""
+    reward_updates: int = 10
+    """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2)"""
+    reward_eval_every: int = 10
+    """iterations between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
+    reward_std: float = 1.0
+    """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1)"""
+    label_noise: float = 0.1
+    """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
+    teacher_beta: float = float("inf")
+    """synthetic teacher rationality: P(left) = sigmoid(beta * (R_left - R_right)); inf = always the better one"""
+    teacher_gamma: float = 1.0
+    """synthetic teacher myopia: reward at step t weighted gamma^(L-1-t) (B-Pref); 1 = undiscounted"""
+    teacher_epsilon: float = 0.0
+    """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
+    teacher_skip_threshold: float = float("-inf")
+    """synthetic teacher skips a pair when both segment returns are below this (B-Pref)"""
+    teacher_equal_margin: float = 0.0
+    """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
+    label_server: str = "http://127.0.0.1:8000"
+    """with --feedback human: the address of label_server.py"""
+    label_token: Optional[str] = None
+    """with --feedback human: the label server's --token, if it has one"""
+    instruction: str = "Which clip shows the dot moving towards the centre (the grey cross)?"
+    """with --feedback human: the question raters are asked"""
+    clip_fps: int = 6
+    """with --feedback human: playback frame rate; 10 steps at 6 frames/s is a 1.7 s clip (C17 B: 1-2 s)"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+    pretrain_iterations: int = 0
+    """rollouts of the initial policy used only for pretraining labels (computed in runtime)"""
+
+
+# The moving-dot environment (the blog seed's numbers; mrahtz/learning-from-human-preferences)
+FIELD_HEIGHT, FIELD_WIDTH = 210, 160
+LOW, HIGH = np.array([4, 4]), np.array([205, 155])  # the dot's (row, column) stays inside these, inclusive
+CENTRE = np.array([105, 80])
+MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])  # stay, up, down, left, right; one pixel
+DOT_RADIUS = 2  # the dot is drawn 5x5 pixels
+PIXEL_SCALE = 5  # pixel observations average 5x5 blocks: 42x32
+
+
+def dot_coverage(centres, size):
+    """Share of each PIXEL_SCALE-wide cell along one axis covered by a dot centred at `centres` (...,): (..., cells)."""
+    edges = np.arange(size // PIXEL_SCALE) * PIXEL_SCALE
+    low = centres[..., None] - DOT_RADIUS
+    high = centres[..., None] + DOT_RADIUS + 1
+    return np.clip(np.minimum(high, edges + PIXEL_SCALE) - np.maximum(low, edges), 0, None) / PIXEL_SCALE
+
+
+def observe(positions, observation):
+    """The observation of dot positions (..., 2) (row, column): the position scaled to about [-1, 1], or the field
+    drawn with a 5x5 dot and averaged over 5x5 blocks (a 1-pixel move still changes the frame), uint8 (..., 1, 42, 32)."""
+    positions = np.asarray(positions)
+    if observation == "position":
+        return ((positions - CENTRE) / CENTRE).astype(np.float32)
+    rows = dot_coverage(positions[..., 0], FIELD_HEIGHT)
+    cols = dot_coverage(positions[..., 1], FIELD_WIDTH)
+    return np.round(255 * rows[..., None, :, None] * cols[..., None, None, :]).astype(np.uint8)
+
+
+def render_frame(position):
+    """What people see (RGB, 210x160): a grey cross at the centre, the dot in white."""
+    frame = np.full((FIELD_HEIGHT, FIELD_WIDTH, 3), 24, np.uint8)
+    row, col = CENTRE
+    frame[row - 6 : row + 7, col, :] = frame[row, col - 6 : col + 7, :] = 110
+    row, col = position
+    frame[row - DOT_RADIUS : row + DOT_RADIUS + 1, col - DOT_RADIUS : col + DOT_RADIUS + 1, :] = 255
+    return frame
+
+
+class MovingDotEnv(gym.Env):
+    """A dot starts at a random position and should move to the centre. Reward +1 for a step that brings it closer
+    (Euclidean distance), -1 for one that takes it further, 0 otherwise (staying, or pushing against the border).
+    Episodes last 2000 steps (TimeLimit at registration); there is no termination."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
+
+    def __init__(self, observation="position", render_mode=None):
+        if observation not in ("position", "pixels"):
+            raise ValueError(f"observation must be 'position' or 'pixels', not {observation!r}")
+        self.observation, self.render_mode = observation, render_mode
+        self.action_space = gym.spaces.Discrete(len(MOVES))
+        if observation == "position":
+            self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        else:
+            shape = (1, FIELD_HEIGHT // PIXEL_SCALE, FIELD_WIDTH // PIXEL_SCALE)
+            self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.position = CENTRE.copy()
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = self.np_random.integers(LOW, HIGH + 1)
+        return observe(self.position, self.observation), {}
+
+    def step(self, action):
+        before = np.linalg.norm(self.position - CENTRE)
+        self.position = np.clip(self.position + MOVES[action], LOW, HIGH)
+        reward = float(np.sign(before - np.linalg.norm(self.position - CENTRE)))
+        return observe(self.position, self.observation), reward, False, False, {}
+
+    def render(self):
+        return render_frame(self.position)
+
+
+if "MovingDot-v0" not in gym.registry:
+    gym.register("MovingDot-v0", entry_point=MovingDotEnv, max_episode_steps=2000)
+
+
+def validate_args(args: Args) -> None:
+    """Reject impossible settings with a message (no traceback) before anything is created."""
+    if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1 or args.episode_steps < 1:
+        raise SystemExit("error: --num-envs, --num-steps, --total-timesteps and --episode-steps must be positive")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise SystemExit(
+            f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "
+            f"must divide into --num-minibatches {args.num_minibatches}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    rlhf = args.feedback != "true-reward"
+    args.pretrain_iterations = math.ceil(args.pretrain_steps / args.batch_size) if rlhf else 0
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations <= args.pretrain_iterations:
+        raise SystemExit(
+            f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations} "
+            f"pretraining rollouts of {args.batch_size} steps; use at least "
+            f"{(args.pretrain_iterations + 1) * args.batch_size}"
+        )
+    if args.offline and args.feedback != "synthetic":
+        raise SystemExit("error: --offline labels its database with the synthetic teacher; use it with --feedback synthetic")
+    if args.preference_db and not args.offline:
+        raise SystemExit("error: --preference-db is the database of --offline; add --offline")
+    if not rlhf:
+        return
+    if args.feedback == "human":
+        if not args.label_server.startswith(("http://", "https://")):
+            raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
+        if not 1 <= args.clip_fps <= 240:
+            raise SystemExit("error: --clip-fps must be in [1, 240]")
+    if args.labels <= 0:
+        raise SystemExit(f"error: --labels must be positive (got {args.labels})")
+    if not 1 <= args.segment_len <= args.num_steps:
+        raise SystemExit(
+            f"error: --segment-len {args.segment_len} must be between 1 and the rollout length --num-steps {args.num_steps}"
+        )
+    if not 0 < args.pretrain_fraction <= 1:
+        raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
+    if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:
+        raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
+    if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
+        raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
+    # each queried pair needs two segments of its own from one rollout (offline: from one random-policy rollout)
+    per_iteration = np.array([args.labels]) if args.offline else label_schedule(args)
+    capacity = args.num_envs * (args.num_steps - args.segment_len + 1) // 2
+    if not args.offline and per_iteration.max() > capacity:
+        raise SystemExit(
+            f"error: --labels {args.labels} is too large for this run: one rollout holds at most {capacity} pairs of "
+            f"{args.segment_len}-step segments, and the schedule asks for {per_iteration.max()} in one rollout. "
+            "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer rollout."
+        )
+
+
+# RLHF: C17 A.1 label schedule
+def label_schedule(args: Args) -> np.ndarray:
+    """Labels to query after each iteration's rollout: `pretrain_fraction` of the budget spread over the initial
+    policy's rollouts, the rest at a rate proportional to horizon / (T + horizon), T = steps so far. Sums exactly to
+    args.labels, whatever --total-timesteps is. The offline variant asks nothing during the run."""
+    per_iteration = np.zeros(args.num_iterations, dtype=np.int64)
+    if args.offline:
+        return per_iteration
+    pretrain = round(args.labels * args.pretrain_fraction)
+    per_iteration[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, pretrain, args.pretrain_iterations + 1)))
+    steps_so_far = np.arange(args.pretrain_iterations + 1, args.num_iterations + 1) * args.batch_size
+    rate = args.schedule_horizon / (steps_so_far + args.schedule_horizon)
+    cumulative = np.round((args.labels - pretrain) * np.cumsum(rate) / rate.sum())
+    per_iteration[args.pretrain_iterations :] = np.diff(cumulative, prepend=0)
+    return per_iteration
+
+
+class RecordEpisodeVideo(gym.Wrapper):
+    """Saves episodes 0, 1, 8, 27, ... (cubes, then every 1000th) as MP4 with imageio."""
+
+    def __init__(self, env, folder):
+        super().__init__(env)
+        self.folder, self.episode, self.frames = folder, -1, None
+        os.makedirs(folder, exist_ok=True)
+
+    def reset(self, **kwargs):
+        self._flush()
+        obs, info = self.env.reset(**kwargs)
+        self.episode += 1
+        cube = round(self.episode ** (1 / 3)) ** 3 == self.episode
+        self.frames = [self.env.render()] if (cube and self.episode < 1000) or self.episode % 1000 == 0 else None
+        return obs, info
+
+    def step(self, action):
+        result = self.env.step(action)
+        if self.frames is not None:
+            self.frames.append(self.env.render())
+        return result
+
+    def _flush(self):
+        if self.frames:
+            fps = self.env.metadata["render_fps"]
+            imageio.mimsave(f"{self.folder}/episode-{self.episode}.mp4", self.frames, fps=fps, macro_block_size=1)
+        self.frames = None
+
+    def close(self):
+        self._flush()
+        super().close()
+
+
+def make_env(observation, episode_steps, idx, capture_video, run_dir):
+    def thunk():
+        env = gym.make("MovingDot-v0", observation=observation, render_mode="rgb_array", max_episode_steps=episode_steps)
+        if capture_video and idx == 0:
+            env = RecordEpisodeVideo(env, f"{run_dir}/videos")
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # charts/episodic_return is the true return
+        return env
+
+    return thunk
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def as_input(obs):
+    """Network input: positions as they are, frames scaled from uint8 to [0, 1]."""
+    return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs
+
+
+def conv_features(obs_shape, activation):
+    """A small CNN for the 42x32 frames, flattened: (module, output size)."""
+    conv = nn.Sequential(
+        layer_init(nn.Conv2d(obs_shape[0], 16, 3, stride=2)),
+        activation(),
+        layer_init(nn.Conv2d(16, 16, 3, stride=2)),
+        activation(),
+        nn.Flatten(),
+    )
+    with torch.no_grad():
+        return conv, conv(torch.zeros(1, *obs_shape)).shape[1]
+
+
+class Agent(nn.Module):
+    """Actor and critic over one shared torso: 2 x 64 tanh for positions, the small CNN + 64 ReLU units for frames."""
+
+    def __init__(self, obs_shape, num_actions):
+        super().__init__()
+        if len(obs_shape) == 1:
+            self.network = nn.Sequential(
+                layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
+            )
+        else:
+            conv, size = conv_features(obs_shape, nn.ReLU)
+            self.network = nn.Sequential(conv, layer_init(nn.Linear(size, 64)), nn.ReLU())
+        self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(64, 1), std=1.0)
+
+    def get_value(self, x):
+        return self.critic(self.network(as_input(x)))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(as_input(x))
+        probs = Categorical(logits=self.actor(hidden))
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+
+
+# RLHF: the reward model (C17 2.2.3, A.1 for positions, A.2 for frames)
+class RewardNet(nn.Module):
+    """r(observation, action) with leaky ReLU: for positions an MLP 2 x 64 over (position, one-hot action) (C17 A.1);
+    for frames the small CNN, then the one-hot action joins a 64-unit layer (C17 A.2's shape, smaller)."""
+
+    def __init__(self, obs_shape, num_actions):
+        super().__init__()
+        self.num_actions = num_actions
+        if len(obs_shape) == 1:
+            self.features, size, hidden = nn.Flatten(), obs_shape[0], [64, 64]
+        else:
+            (self.features, size), hidden = conv_features(obs_shape, lambda: nn.LeakyReLU(0.01)), [64]
+        layers, fan_in = [], size + num_actions
+        for width in hidden:
+            layers += [nn.Linear(fan_in, width), nn.LeakyReLU(0.01)]
+            fan_in = width
+        self.head = nn.Sequential(*layers, nn.Linear(fan_in, 1))
+
+    def forward(self, obs, act):
+        """(n, *obs_shape), (n,) action indices -> (n,)"""
+        one_hot = nn.functional.one_hot(act.long(), self.num_actions).float()
+        return self.head(torch.cat([self.features(as_input(obs)), one_hot], -1)).squeeze(-1)
+
+
+class RewardEnsemble(nn.Module):
+    """`size` independent RewardNets; each normalised separately, then averaged and scaled to zero mean and a fixed
+    standard deviation (C17 2.2.1, A)."""
+
+    def __init__(self, obs_shape, num_actions, size=3):
+        super().__init__()
+        self.members = nn.ModuleList(RewardNet(obs_shape, num_actions) for _ in range(size))
+        self.obs_dims = len(obs_shape)
+        self.register_buffer("member_mean", torch.zeros(size))
+        self.register_buffer("member_std", torch.ones(size))
+        self.register_buffer("ensemble_mean", torch.zeros(()))
+        self.register_buffer("ensemble_std", torch.ones(()))
+        self.size = size
+
+    def forward(self, obs, act):
+        """Raw reward of each member: (..., *obs_shape), (...) -> (size, ...)."""
+        lead = act.shape
+        obs, act = obs.reshape(-1, *obs.shape[len(lead) :]), act.reshape(-1)
+        return torch.stack([member(obs, act) for member in self.members]).reshape(self.size, *lead)
+
+    def l2_penalty(self):
+        """Sum of squared weights (biases excluded) of each member: (size,)."""
+        return torch.stack([sum((p**2).sum() for n, p in m.named_parameters() if "weight" in n) for m in self.members])
+
+    @torch.no_grad()
+    def fit_normalization(self, raw, target_std=1.0):
+        """Set the normalisation from raw member rewards (size, n) of the steps the teacher has judged."""
+        self.member_mean.copy_(raw.mean(1))
+        self.member_std.copy_(raw.std(1) + 1e-8)
+        averaged = ((raw - self.member_mean[:, None]) / self.member_std[:, None]).mean(0)
+        self.ensemble_mean.copy_(averaged.mean())
+        self.ensemble_std.copy_((averaged.std() + 1e-8) / target_std)
+
+    @torch.no_grad()
+    def normalized_reward(self, obs, act):
+        """The reward PPO optimises: members normalised, averaged, scaled to zero mean and the target std."""
+        raw = self(obs, act)
+        shape = (self.size,) + (1,) * (raw.dim() - 1)
+        averaged = ((raw - self.member_mean.view(shape)) / self.member_std.view(shape)).mean(0)
+        return (averaged - self.ensemble_mean) / self.ensemble_std
+
+
+def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
+    """C17 2.2.3 Bradley-Terry cross-entropy. P[left > right] = softmax over summed rewards, mixed with a
+    `label_noise` chance of a uniformly random answer; mu = 1 left preferred, 0 right, 0.5 equal."""
+    p_left = (1 - label_noise) * torch.sigmoid(returns_left - returns_right) + label_noise / 2
+    return -(mu * torch.log(p_left) + (1 - mu) * torch.log(1 - p_left))
+
+
+# RLHF: segments and pair selection (C17 2.2.4). A segment is its dot positions, actions and true rewards; the
+# observations the reward model sees are made from the positions (observe), so labels stay small in pixel mode too.
+def segment_returns(ensemble, segments, observation):
+    """Each member's undiscounted predicted return of each segment: (size, ...)."""
+    obs = torch.as_tensor(observe(segments["position"], observation))
+    return ensemble(obs, torch.as_tensor(segments["act"])).sum(-1)
+
+
+def sample_segments(rng, rollout, segment_len, count):
+    """Draw `count` segments of `segment_len` steps from a rollout (arrays shaped (steps, envs, ...)); a segment
+    never crosses the end of an episode."""
+    position, act, true_reward, truncated = rollout["position"], rollout["act"], rollout["true_reward"], rollout["truncated"]
+    num_steps, num_envs = true_reward.shape
+    ends_before = np.concatenate([np.zeros((1, num_envs), int), np.cumsum(truncated, 0)])  # episode ends before step t
+    starts = np.arange(num_steps - segment_len + 1)
+    # an episode end at any step but the segment's last would split it
+    valid = ends_before[starts + segment_len - 1] == ends_before[starts]
+    valid_t, valid_e = np.nonzero(valid)
+    if len(valid_t) == 0:
+        raise RuntimeError("no valid segment in the rollout: use a shorter --segment-len")
+    pick = rng.choice(len(valid_t), size=count, replace=count > len(valid_t))
+    t = valid_t[pick, None] + np.arange(segment_len)
+    e = np.broadcast_to(valid_e[pick, None], t.shape)
+    return {"position": position[t, e], "act": act[t, e], "true_reward": true_reward[t, e]}
+
+
+def index_segments(segments, idx):
+    return {k: v[idx] for k, v in segments.items()}
+
+
+def select_pairs(rng, ensemble, observation, rollout, segment_len, num_pairs, multiplier, selection):
+    """C17 2.2.4: draw `multiplier` x more candidate pairs than needed and keep those whose predicted preference
+    varies most across the ensemble members (or a random subset for --selection random)."""
+    num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
+    left = sample_segments(rng, rollout, segment_len, num_candidates)
+    right = sample_segments(rng, rollout, segment_len, num_candidates)
+    if selection == "variance":
+        scores = disagreement(ensemble, observation, left, right)
+        keep = np.argsort(-scores, kind="stable")[:num_pairs]
+    else:
+        keep = np.arange(num_pairs)
+    return index_segments(left, keep), index_segments(right, keep)
+
+
+@torch.no_grad()
+def disagreement(ensemble, observation, left, right):
+    """Variance across members of each member's P[left > right]."""
+    returns_left = segment_returns(ensemble, left, observation)
+    returns_right = segment_returns(ensemble, right, observation)
+    return torch.sigmoid(returns_left - returns_right).var(0, unbiased=False).numpy()
+
+
+def stack_segments(segments):
+    """A list of single segments (dicts of arrays) -> one dict of arrays with a leading batch axis."""
+    return {k: np.stack([s[k] for s in segments]) for k in segments[0]}
+
+
+# RLHF: the synthetic teacher
+class SyntheticTeacher:
+    """Prefers the segment with more true reward, i.e. the one that brought the dot closer to the centre (the blog's
+    heuristic; equal movement is a tie), optionally with the noise of B-Pref's simulated teachers (Lee et al. 2021).
+    Teachers share one interface: ask(left, right) queues pairs; poll() returns the answered ones as (left, right, mu),
+    mu = 1 left better, 0 right better, 0.5 equal; pairs the teacher skips or cannot tell apart are dropped."""
+
+    def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
+        self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
+        self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
+        self.answered = []
+        self.pending = 0  # pairs asked but not yet answered (always 0 for a synthetic teacher)
+
+    def preferences(self, true_left, true_right):
+        """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
+        segment_len = true_left.shape[1]
+        weights = self.gamma ** np.arange(segment_len - 1, -1, -1)  # myopic: recent steps weigh more
+        return_left, return_right = true_left @ weights, true_right @ weights
+        diff = return_left - return_right
+        if math.isinf(self.beta):
+            mu = (diff > 0).astype(np.float64)
+        else:
+            p_left = 1 / (1 + np.exp(-np.clip(self.beta * diff, -50, 50)))
+            mu = (self.rng.random(len(diff)) < p_left).astype(np.float64)
+        mistakes = self.rng.random(len(diff)) < self.epsilon
+        mu = np.where(mistakes, 1 - mu, mu)
+        mu = np.where(np.abs(diff) <= self.equal_margin, 0.5, mu)
+        return np.where(np.maximum(return_left, return_right) < self.skip_threshold, np.nan, mu)
+
+    def ask(self, left, right):
+        mu = self.preferences(left["true_reward"], right["true_reward"])
+        keep = ~np.isnan(mu)
+        self.answered.append((index_segments(left, keep), index_segments(right, keep), mu[keep]))
+
+    def poll(self):
+        answered, self.answered = self.answered, []
+        return answered
+
+
+# RLHF: the human teacher, through label_server.py (C17 appendix B)
+MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
+SEGMENT_KEYS = ("position", "act", "true_reward")
+SEGMENT_DTYPES = {"position": np.int16, "act": np.int64, "true_reward": np.float32}
+SEGMENT_SHAPES = {"position": (2,), "act": (), "true_reward": ()}  # per step
+
+
+class HumanTeacher:
+    """People answer in a browser, through label_server.py. Same interface as SyntheticTeacher. ask() only queues;
+    a background thread draws each pair's clips from the segments' dot positions, uploads them, posts the pair and
+    polls for answers, retrying with backoff while the server is down, so training goes on while people label (C17
+    2.2: asynchronous). Pairs not yet answered are saved with the run (save/load) and asked again when it resumes."""
+
+    def __init__(self, server, token, experiment, instruction, clip_fps=6, poll_interval=2.0):
+        self.server, self.token, self.experiment = server.rstrip("/"), token, experiment
+        self.instruction, self.clip_fps, self.poll_interval = instruction, clip_fps, poll_interval
+        self.lock = threading.Lock()
+        self.queued = []  # pair ids still to draw, upload and post
+        self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
+        self.answered = []  # (pair id, mu, seq) received, not yet handed over by poll()
+        self.next_index = 0  # pair ids are {experiment}-{index}
+        self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
+        self.received_seq = 0  # label sequence number up to which the thread has fetched answers
+        self.failure = None  # an error the thread cannot retry
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, daemon=True)
+
+    @property
+    def pending(self):
+        """Pairs asked and not answered yet."""
+        with self.lock:
+            return len(self.waiting) - len(self.answered)
+
+    def ask(self, left, right):
+        with self.lock:
+            for i in range(len(left["act"])):
+                pair_id = f"{self.experiment}-{self.next_index:06d}"
+                self.next_index += 1
+                self.waiting[pair_id] = (index_segments(left, i), index_segments(right, i))
+                self.queued.append(pair_id)
+
+    def poll(self):
+        if self.failure is not None:
+            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
+        with self.lock:
+            answered, self.answered = self.answered, []
+            batches = []
+            for pair_id, mu, seq in answered:
+                left, right = self.waiting.pop(pair_id)
+                self.consumed_seq = max(self.consumed_seq, seq)
+                if mu is not None:
+                    batches.append((left, right, mu))
+        if not batches:
+            return []
+        lefts, rights, mus = zip(*batches)
+        return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
+
+    def wait_for_all(self, progress_every=10.0):
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without)."""
+        last = 0.0
+        while self.pending and self.failure is None:
+            if time.time() - last > progress_every:
+                print(
+                    f"waiting for {self.pending} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
+                )
+                last = time.time()
+            time.sleep(0.5)
+
+    # --- the background thread ---
+    def _request(self, method, path, body=None, content_type="application/json"):
+        """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
+        a 4xx stops the thread with the server's message (poll() then stops the run)."""
+        delay, warned = 1.0, False
+        while not self.stop.is_set():
+            request = urllib.request.Request(self.server + path, data=body, method=method)
+            request.add_header("Content-Type", content_type)
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    if warned:
+                        print(f"label server at {self.server} is back")
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as error:
+                if error.code < 500:  # the request itself is wrong: retrying cannot help
+                    hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
+                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
+                reason = f"HTTP {error.code}"
+            except (urllib.error.URLError, OSError) as error:
+                reason = str(getattr(error, "reason", error))
+            print(f"label server at {self.server} unreachable ({reason}); retrying in {delay:.0f} s")
+            warned = True
+            self.stop.wait(delay)
+            delay = min(delay * 2, 60.0)
+        return None
+
+    def _encode(self, segment):
+        """WebM/VP9 bytes of the segment's frames (plays in Chromium and Firefox)."""
+        frames = [render_frame(position) for position in segment["position"]]
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "clip.webm")
+            speed = ["-deadline", "realtime", "-cpu-used", "8", "-b:v", "0", "-crf", "32"]
+            imageio.v2.mimwrite(path, frames, fps=self.clip_fps, codec="libvpx-vp9", macro_block_size=1, output_params=speed)
+            with open(path, "rb") as clip:
+                return clip.read()
+
+    def _work(self):
+        try:
+            last_poll = 0.0
+            while not self.stop.is_set():
+                with self.lock:
+                    pair_id = self.queued[0] if self.queued else None
+                    segments = self.waiting.get(pair_id)
+                if pair_id is not None:
+                    left, right = segments
+                    for side, segment in (("left", left), ("right", right)):
+                        self._request("PUT", f"/api/clips/{pair_id}-{side}", self._encode(segment), "video/webm")
+                    pair = {
+                        "experiment": self.experiment,
+                        "pair_id": pair_id,
+                        "left_clip": f"{pair_id}-left",
+                        "right_clip": f"{pair_id}-right",
+                        "instruction": self.instruction,
+                        "metadata": {  # what the teacher did not see, for later analysis of human labels
+                            "left_true_return": float(left["true_reward"].sum()),
+                            "right_true_return": float(right["true_reward"].sum()),
+                        },
+                    }
+                    if self._request("POST", "/api/pairs", json.dumps(pair).encode()) is not None:
+                        with self.lock:
+                            self.queued.remove(pair_id)
+                if pair_id is None or time.time() - last_poll > self.poll_interval:
+                    self._fetch_labels()
+                    last_poll = time.time()
+                if pair_id is None:
+                    self.stop.wait(self.poll_interval)
+        except Exception as error:  # reported to the training loop by poll()
+            self.failure = f"{type(error).__name__}: {error}"
+
+    def _fetch_labels(self):
+        reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
+        if reply is None:
+            return
+        with self.lock:
+            for label in reply["labels"]:
+                if label["pair_id"] in self.waiting:  # an answer to a pair of this run that is not in the buffer yet
+                    self.answered.append((label["pair_id"], MU_OF_CHOICE.get(label["choice"]), label["seq"]))
+                self.received_seq = max(self.received_seq, label["seq"])
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    # --- persistence: asked but unanswered pairs survive a stopped run ---
+    def save(self, path):
+        with self.lock:
+            ids = list(self.waiting)
+            state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
+            for side, which in (("left", 0), ("right", 1)):
+                for key in SEGMENT_KEYS:
+                    values = [self.waiting[i][which][key] for i in ids]
+                    state[f"{side}_{key}"] = np.stack(values) if values else np.zeros(0, np.float32)
+        np.savez_compressed(path + ".tmp.npz", **state)
+        os.replace(path + ".tmp.npz", path)
+
+    def load(self, path):
+        """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless)."""
+        with np.load(path) as state:
+            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
+            self.received_seq = self.consumed_seq
+            for n, pair_id in enumerate(state["pair_ids"]):
+                left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
+                self.waiting[str(pair_id)] = (left, right)
+                self.queued.append(str(pair_id))
+
+
+# RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
+class LabelBuffer:
+    """Preference labels of the run. For each member, a label is held out for validation with probability 1/e
+    (C17 2.2.3); otherwise it gets a Poisson(1) weight, the online form of a bootstrap resample of the labels."""
+
+    def __init__(self, capacity, segment_len, ensemble_size, rng):
+        self.rng, self.size = rng, 0
+        shape = (capacity, 2, segment_len)
+        self.data = {k: np.zeros(shape + SEGMENT_SHAPES[k], SEGMENT_DTYPES[k]) for k in SEGMENT_KEYS}
+        self.data |= {
+            "mu": np.zeros(capacity, np.float32),
+            "is_val": np.zeros((capacity, ensemble_size), bool),
+            "weight": np.zeros((capacity, ensemble_size), np.float32),
+        }
+
+    def add(self, left, right, mu):
+        n = min(len(mu), len(self.data["mu"]) - self.size)
+        new = slice(self.size, self.size + n)
+        for key in SEGMENT_KEYS:
+            self.data[key][new, 0], self.data[key][new, 1] = left[key][:n], right[key][:n]
+        self.data["mu"][new] = mu[:n]
+        members = self.data["is_val"].shape[1]
+        self.data["is_val"][new] = self.rng.random((n, members)) < 1 / math.e
+        self.data["weight"][new] = np.where(self.data["is_val"][new], 0, self.rng.poisson(1.0, (n, members)))
+        self.size += n
+        return n
+
+    def get(self, idx=None):
+        """The labels (all, or those at `idx`) as numpy arrays: segments in `position`/`act` (n, 2, L, ...)."""
+        idx = slice(0, self.size) if idx is None else idx
+        return {k: v[idx] for k, v in self.data.items()}
+
+    def save(self, path):
+        tmp = path + ".tmp.npz"
+        np.savez_compressed(tmp, **{k: v[: self.size] for k, v in self.data.items()})
+        os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous file
+
+    def load(self, path):
+        with np.load(path) as saved:
+            n = len(saved["mu"])
+            for k in self.data:
+                self.data[k][:n] = saved[k]
+        self.size = n
+
+
+# RLHF, offline variant (the blog's): a preference database of random-policy segment pairs, labelled once
+class PreferenceDatabase:
+    """SQLite table of labelled segment pairs: each side's dot positions, actions and true rewards, and the answer."""
+
+    def __init__(self, path):
+        self.connection = sqlite3.connect(path)
+        self.connection.execute(
+            "CREATE TABLE IF NOT EXISTS preferences (id INTEGER PRIMARY KEY, segment_len INTEGER NOT NULL, "
+            "left_position BLOB, left_act BLOB, left_true_reward BLOB, right_position BLOB, right_act BLOB, "
+            "right_true_reward BLOB, mu REAL NOT NULL)"
+        )
+        self.connection.commit()
+
+    def count(self, segment_len):
+        return self.connection.execute("SELECT COUNT(*) FROM preferences WHERE segment_len = ?", (segment_len,)).fetchone()[0]
+
+    def add(self, left, right, mu):
+        rows = [
+            (left["act"].shape[1],)
+            + tuple(np.asarray(side[k][i], SEGMENT_DTYPES[k]).tobytes() for side in (left, right) for k in SEGMENT_KEYS)
+            + (float(m),)
+            for i, m in enumerate(mu)
+        ]
+        with self.connection:  # one transaction: all of them or none
+            self.connection.executemany("INSERT INTO preferences VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def load(self, segment_len, limit):
+        """The first `limit` pairs of this segment length as (left, right, mu)."""
+        rows = self.connection.execute(
+            "SELECT left_position, left_act, left_true_reward, right_position, right_act, right_true_reward, mu "
+            "FROM preferences WHERE segment_len = ? ORDER BY id LIMIT ?",
+            (segment_len, limit),
+        ).fetchall()
+        sides = []
+        for offset in (0, 3):
+            sides.append(
+                {
+                    k: np.stack(
+                        [np.frombuffer(row[offset + j], SEGMENT_DTYPES[k]).reshape(-1, *SEGMENT_SHAPES[k]) for row in rows]
+                    )
+                    for j, k in enumerate(SEGMENT_KEYS)
+                }
+            )
+        return sides[0], sides[1], np.array([row[6] for row in rows])
+
+    def close(self):
+        self.connection.close()
+
+
+@torch.no_grad()
+def label_step_rewards(ensemble, labels, observation, chunk=256):
+    """Raw step rewards of each member for every step of the labelled segments: (size, n, 2, L), in chunks of labels
+    (pixel observations are made on the fly)."""
+    parts = []
+    for start in range(0, len(labels["mu"]), chunk):
+        obs = torch.as_tensor(observe(labels["position"][start : start + chunk], observation))
+        parts.append(ensemble(obs, torch.as_tensor(labels["act"][start : start + chunk])))
+    return torch.cat(parts, 1)
+
+
+def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
+    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
+    if buffer.size == 0:
+        return
+    for _ in range(steps):
+        batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
+        returns = segment_returns(ensemble, batch, observation)  # (members, batch, 2)
+        losses = preference_loss(returns[..., 0], returns[..., 1], torch.as_tensor(batch["mu"]), label_noise)
+        weight = torch.as_tensor(batch["weight"]).T  # (members, batch)
+        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@torch.no_grad()
+def evaluate_reward_model(ensemble, buffer, observation, label_noise, target_std):
+    """Training and validation loss of each member on its own split, and the share of held-out strict preferences
+    each member orders correctly (averaged over members). Also refits the reward normalisation on the judged steps."""
+    labels = buffer.get()
+    step_rewards = label_step_rewards(ensemble, labels, observation)  # (members, labels, 2, L)
+    returns = step_rewards.sum(-1)
+    mu = torch.as_tensor(labels["mu"])
+    losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
+    is_val = torch.as_tensor(labels["is_val"]).T.float()
+    is_train = 1 - is_val
+    train_loss = (losses * is_train).sum(1) / is_train.sum(1).clamp(min=1)
+    val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
+    correct = ((returns[..., 0] > returns[..., 1]).float() == mu).float()
+    judged = is_val * (mu != 0.5).float()  # "equal" answers have no right order
+    val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
+    ensemble.fit_normalization(step_rewards.reshape(ensemble.size, -1), target_std)
+    return train_loss, val_loss, val_accuracy
+
+
+def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
+    loss, no held-out label yet, leaves the coefficient as it is)."""
+    ratio = val_loss / train_loss.clamp(min=1e-8)
+    return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
+
+
+# Evaluation of a saved agent
+def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0):
+    """True returns of the saved agent taking its most likely action."""
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    env = gym.make("MovingDot-v0", observation=observation, max_episode_steps=episode_steps)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    agent = Agent(env.observation_space.shape, env.action_space.n)
+    agent.load_state_dict(checkpoint["agent"])
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            with torch.no_grad():
+                action = agent.actor(agent.network(as_input(torch.as_tensor(obs[None])))).argmax().item()
+            obs, _, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+        returns.append(float(info["episode"]["r"]))
+    env.close()
+    return returns
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    checkpoint = None
+    if args.resume:
+        checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
+        if not os.path.isfile(checkpoint_path):
+            raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        # a resumed run keeps its own settings; only what to do with it comes from this command line
+        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
+        args = Args(**{**checkpoint["args"], **keep})
+        if args.eval_only:
+            returns = evaluate(checkpoint_path, args.observation, args.episode_steps, args.eval_episodes, args.seed)
+            print(
+                f"eval: {len(returns)} episodes of MovingDot-v0: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}"
+            )
+            sys.exit(0)
+        run_dir = os.path.normpath(args.resume)
+    elif args.eval_only:
+        raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
+    else:
+        run_dir = f"runs/MovingDot-v0-{args.observation}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    validate_args(args)
+    rlhf = args.feedback != "true-reward"
+    os.makedirs(run_dir, exist_ok=True)
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # env setup
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.observation, args.episode_steps, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+
+    agent = Agent(obs_shape, num_actions).to(device)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    # RLHF: reward ensemble, labels and teacher
+    ensemble = reward_optimizer = buffer = teacher = database = None
+    l2_coef = torch.full((args.ensemble_size,), 1e-4)
+    schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
+    if args.offline:  # the blog's offline variant: every label from the initial policy, before RL
+        schedule[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, args.labels, args.pretrain_iterations + 1)))
+    pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
+    labels_path = f"{run_dir}/labels.npz"
+    pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
+    if rlhf:
+        ensemble = RewardEnsemble(obs_shape, num_actions, args.ensemble_size)
+        reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+        buffer = LabelBuffer(args.labels, args.segment_len, args.ensemble_size, rng)
+    if args.feedback == "synthetic":
+        teacher = SyntheticTeacher(
+            rng,
+            args.teacher_beta,
+            args.teacher_gamma,
+            args.teacher_epsilon,
+            args.teacher_skip_threshold,
+            args.teacher_equal_margin,
+        )
+    elif args.feedback == "human":
+        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
+        teacher = HumanTeacher(args.label_server, args.label_token, experiment, args.instruction, args.clip_fps)
+        print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
+
+    start_iteration, global_step = 1, 0
+    checkpoint_path = f"{run_dir}/checkpoint.pt"
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["agent"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if rlhf:
+            ensemble.load_state_dict(checkpoint["reward_ensemble"])
+            reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
+            l2_coef = checkpoint["l2_coef"]
+            buffer.load(labels_path)
+            if args.feedback == "human" and os.path.exists(pending_path):
+                teacher.load(pending_path)
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
+    if args.offline:
+        # RLHF (offline): pairs already in the database are reused; only the missing ones are labelled below
+        database = PreferenceDatabase(args.preference_db or f"{run_dir}/preferences.sqlite")
+        if buffer.size == 0 and database.count(args.segment_len):
+            buffer.add(*database.load(args.segment_len, args.labels))
+            print(f"offline: {buffer.size} labelled pairs loaded from the preference database")
+
+    # ALGO Logic: Storage setup
+    obs_dtype = torch.uint8 if args.observation == "pixels" else torch.float32
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long).to(device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)  # value of the state after a time-limit cut
+    positions = np.zeros((args.num_steps, args.num_envs, 2), np.int16)  # RLHF: what segments are made of
+    true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
+    truncations = np.zeros((args.num_steps, args.num_envs), bool)
+    predicted_episode_return = np.zeros(args.num_envs)
+
+    def save_labels():
+        buffer.save(labels_path)
+        if args.feedback == "human":  # in step with the buffer: the answers it holds are not fetched again
+            teacher.save(pending_path)
+
+    def save_checkpoint():
+        """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
+        state = {
+            "args": vars(args),
+            "agent": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "reward_ensemble": ensemble.state_dict() if rlhf else None,
+            "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
+            "l2_coef": l2_coef,
+            "global_step": completed_step,
+            "iteration": completed,
+        }
+        torch.save(state, checkpoint_path + ".tmp")
+        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
+
+    if args.feedback == "human":
+        teacher.start()
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, last_label_save = time.time(), global_step, time.time()
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs).to(device)
+    recent_returns, recent_predicted = [], []
+    fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
+    train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
+    val_accuracy = math.nan
+    # the last iteration whose update finished, and its step count: what a checkpoint resumes after
+    completed, completed_step = start_iteration - 1, global_step
+
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            for step in range(0, args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                for i, env in enumerate(envs.envs):  # RLHF: the dot's position at this observation
+                    positions[step, i] = env.unwrapped.position
+
+                # ALGO LOGIC: action logic
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                    values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
+
+                # TRY NOT TO MODIFY: execute the game and log data.
+                next_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+                true_rewards[step], truncations[step] = reward, truncated
+                bootstrap[step] = 0.0
+                if "final_obs" in infos:
+                    cut = infos["_final_obs"] & truncated  # time limit: bootstrap from the state the episode was cut at
+                    if cut.any():
+                        final = torch.as_tensor(np.stack(infos["final_obs"][cut])).to(device)
+                        with torch.no_grad():
+                            bootstrap[step][cut] = agent.get_value(final).flatten().cpu().numpy()
+                    episodes = infos["final_info"].get("episode")
+                    if episodes is not None:
+                        for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                            recent_returns.append(float(episodes["r"][i]))
+                            writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
+                            writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
+                next_obs = torch.as_tensor(next_obs).to(device)
+
+            rollout_actions = actions.cpu().numpy()
+            if rlhf:
+                # RLHF: query this iteration's share of the label budget (C17 A.1 schedule, 2.2.4 selection)
+                to_ask = min(int(schedule[iteration - 1]), args.labels - buffer.size - teacher.pending)
+                if to_ask > 0:
+                    rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards}
+                    rollout["truncated"] = truncations
+                    selection = "random" if args.offline else args.selection  # the blog's database: random pairs
+                    left, right = select_pairs(
+                        rng,
+                        ensemble,
+                        args.observation,
+                        rollout,
+                        args.segment_len,
+                        to_ask,
+                        args.candidate_multiplier,
+                        selection,
+                    )
+                    teacher.ask(left, right)
+                if iteration == args.pretrain_iterations and args.feedback == "human":
+                    teacher.wait_for_all()  # people label asynchronously, but RL cannot start without these
+                for left, right, mu in teacher.poll():
+                    buffer.add(left, right, mu)
+                    if database is not None:
+                        database.add(left, right, mu)
+                if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
+                    rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
+                elif pretraining or args.offline:  # offline: the reward model stays as fitted
+                    rounds, steps_per_round = 0, 0
+                else:  # online: it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
+                    rounds, steps_per_round = 1, args.reward_updates
+                for fit_round in range(1, rounds + 1):
+                    train_reward_model(
+                        ensemble,
+                        reward_optimizer,
+                        buffer,
+                        args.observation,
+                        l2_coef,
+                        steps_per_round,
+                        args.reward_batch_size,
+                        args.label_noise,
+                        rng,
+                    )
+                    fits += 1
+                    if fits % args.reward_eval_every == 0 or (iteration == args.pretrain_iterations and fit_round == rounds):
+                        train_loss, val_loss, val_accuracy = evaluate_reward_model(
+                            ensemble, buffer, args.observation, args.label_noise, args.reward_std
+                        )
+                        l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                if iteration == args.pretrain_iterations:
+                    print(
+                        f"reward model {'fitted' if args.offline else 'pretrained'} on {buffer.size} labels: "
+                        f"val accuracy {val_accuracy:.2f}, train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
+                    )
+                if time.time() - last_label_save > 30 or iteration in (args.pretrain_iterations, args.num_iterations):
+                    save_labels()
+                    last_label_save = time.time()
+
+            if pretraining:
+                print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
+                writer.add_scalar("labels/total", buffer.size, global_step)
+                completed, completed_step = iteration, global_step
+                continue
+
+            # RLHF: the reward PPO optimises, for the whole rollout in one batched call
+            if rlhf:
+                rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
+                for t in range(args.num_steps):  # predicted return of whole episodes, next to the true one
+                    predicted_episode_return += rewards_np[t]
+                    for i in np.flatnonzero(truncations[t]):
+                        recent_predicted.append(predicted_episode_return[i])
+                        writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
+                    predicted_episode_return[truncations[t]] = 0.0
+            else:
+                rewards_np = true_rewards.copy()
+            # both rewards already have a standard deviation near 1 (the true one is -1, 0 or +1): no return scaling
+            rewards = torch.as_tensor(rewards_np + args.gamma * bootstrap * truncations, dtype=torch.float32).to(device)
+            step_dones = torch.as_tensor(truncations, dtype=torch.float32).to(device)
+
+            # bootstrap value if not done
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs).reshape(1, -1)
+                advantages = torch.zeros_like(rewards).to(device)
+                lastgaelam = 0
+                for t in reversed(range(args.num_steps)):
+                    nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
+                    nextnonterminal = 1.0 - step_dones[t]
+                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                    advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                returns = advantages + values
+
+            # flatten the batch
+            b_obs = obs.reshape((-1,) + obs_shape)
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape(-1)
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # Optimizing the policy and value network
+            b_inds = np.arange(args.batch_size)
+            clipfracs = []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    end = start + args.minibatch_size
+                    mb_inds = b_inds[start:end]
+
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
+
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    newvalue = newvalue.view(-1)
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds],
+                            -args.clip_coef,
+                            args.clip_coef,
+                        )
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                        v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
+                        v_loss = 0.5 * v_loss_max.mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+            # TRY NOT TO MODIFY: record rewards for plotting purposes
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            line = f"step {global_step}, SPS {sps}"
+            if recent_returns:
+                line += f", true return {np.mean(recent_returns[-10:]):.1f}"
+            if rlhf:
+                # RLHF: how well the learned reward tracks the true one (offline: how far the frozen model drifts)
+                constant = rewards_np.std() == 0 or true_rewards.std() == 0
+                correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
+                writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
+                writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
+                writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
+                writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
+                writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+                writer.add_scalar("labels/total", buffer.size, global_step)
+                writer.add_scalar("labels/pending", teacher.pending, global_step)
+                if recent_predicted:
+                    line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
+                line += f", labels {buffer.size}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
+            print(line)
+            recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+
+            completed, completed_step = iteration, global_step
+            if args.save_model and iteration % args.checkpoint_every == 0:
+                save_checkpoint()
+    except KeyboardInterrupt:
+        print(f"interrupted at step {global_step}")
+    finally:
+        # nothing is lost when a run stops: labels always, the checkpoint with --save-model (resume with --resume)
+        if rlhf:
+            save_labels()
+            print(f"{buffer.size} labels saved to {labels_path}")
+            if args.feedback == "human":
+                teacher.close()
+                print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
+        if database is not None:
+            database.close()
+        if args.save_model:
+            save_checkpoint()
+            print(f"checkpoint saved to {checkpoint_path}")
+        envs.close()
+        writer.close()
