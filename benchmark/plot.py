@@ -21,13 +21,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 PROGRESS = re.compile(r"^step (\d+), SPS \d+, true return (-?[\d.]+)", re.MULTILINE)
+WALL = re.compile(r"^wall_s ([\d.]+)$", re.MULTILINE)  # appended by /usr/bin/time in benchmark/run_moving_dot.sh
 
 
 def progress(log_path):
-    """(steps, mean true return of the last 10 episodes) of every progress line of one run."""
+    """(steps, mean true return of the last 10 episodes) of every progress line of one run, and its wall time in
+    seconds (NaN when the log has none)."""
     with open(log_path) as log:
-        points = PROGRESS.findall(log.read())
-    return np.array([int(s) for s, _ in points]), np.array([float(r) for _, r in points])
+        text = log.read()
+    points, wall = PROGRESS.findall(text), WALL.findall(text)
+    wall_s = float(wall[-1]) if wall else np.nan
+    return np.array([int(s) for s, _ in points]), np.array([float(r) for _, r in points]), wall_s
 
 
 def main():
@@ -40,20 +44,24 @@ def main():
     args = parser.parse_args()
 
     groups = collections.defaultdict(list)  # exp_name -> [(seed, steps, returns)]
+    walls = collections.defaultdict(dict)  # exp_name -> {seed: wall seconds}
     for log_path in sorted(glob.glob(f"{args.logs}/{args.env}__{args.prefix}*.log")):
         _, exp_name, seed = os.path.basename(log_path)[: -len(".log")].split("__")
-        steps, returns = progress(log_path)
+        steps, returns, wall_s = progress(log_path)
         if len(returns):
             groups[exp_name].append((int(seed), steps, returns))
+            walls[exp_name][int(seed)] = wall_s
     if not groups:
         raise SystemExit(f"error: no logs matching {args.logs}/{args.env}__{args.prefix}*.log")
 
     horizon = max(steps.max() for runs in groups.values() for _, steps, _ in runs)
     grid = np.linspace(0, horizon, 101)
     plt.figure(figsize=(7, 4.5))
+    timed = any(not np.isnan(w) for seeds in walls.values() for w in seeds.values())
     table = [
-        "| run | seeds | steps | final true return per seed (mean of last 10 episodes) | mean ± std |",
-        "|---|---|---|---|---|",
+        "| run | seeds | steps | final true return per seed (mean of last 10 episodes) | mean ± std |"
+        + (" wall time per seed (s) | median wall time (s) |" if timed else ""),
+        "|---|---|---|---|---|" + ("---|---|" if timed else ""),
     ]
     finals = {}
     for exp_name, runs in sorted(groups.items()):
@@ -68,10 +76,14 @@ def main():
         finals[exp_name] = np.mean(list(per_seed.values()))
         seeds_text = ", ".join(f"{seed}: {value:.0f}" for seed, value in sorted(per_seed.items()))
         last_step = min(steps.max() for _, steps, _ in runs)
-        table.append(
+        row = (
             f"| {exp_name} | {len(runs)} | {last_step} | {seeds_text} | "
             f"{np.mean(list(per_seed.values())):.0f} ± {np.std(list(per_seed.values())):.0f} |"
         )
+        if timed:
+            wall = walls[exp_name]
+            row += f" {', '.join(f'{seed}: {w:.0f}' for seed, w in sorted(wall.items()))} | {np.median(list(wall.values())):.0f} |"
+        table.append(row)
     plt.xlabel("environment steps")
     plt.ylabel("true episodic return (mean of last 10 episodes)")
     plt.title(args.env)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import imageio
 import numpy as np
 import pytest
 import rlhf_moving_dot as dot
@@ -316,6 +317,31 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     np.testing.assert_array_equal(labels["mu"], expected)
     status, clip = server.call("GET", f"/clips/{next(iter(answered))}-left")
     assert status == 200 and clip[:4] == b"\x1a\x45\xdf\xa3"  # WebM
+
+
+def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
+    rng = np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    left, right = dot.sample_segments(rng, rollout, 6, 3), dot.sample_segments(rng, rollout, 6, 3)
+    teacher = dot.HumanTeacher("http://127.0.0.1:9", None, "exp", "Which?")
+    teacher.ask(left, right)
+    teacher.save(str(tmp_path / "pending.npz"))
+    resumed = dot.HumanTeacher("http://127.0.0.1:9", None, "exp", "Which?")
+    resumed.load(str(tmp_path / "pending.npz"))
+    assert resumed.pending == 3 and resumed.queued == ["exp-000000", "exp-000001", "exp-000002"]
+    for i, pair_id in enumerate(resumed.queued):
+        for key in dot.SEGMENT_KEYS:
+            np.testing.assert_array_equal(resumed.waiting[pair_id][0][key], left[key][i])
+            np.testing.assert_array_equal(resumed.waiting[pair_id][1][key], right[key][i])
+    # the clip people see is the segment's path: the dot at each step's position, one frame per step
+    segment = dot.index_segments(left, 0)
+    segment["position"] = segment["position"] + np.array([50, 70], np.int16)  # inside the field
+    (tmp_path / "clip.webm").write_bytes(resumed._encode(segment))
+    frames = imageio.mimread(tmp_path / "clip.webm")
+    assert len(frames) == 6
+    for frame, position in zip(frames, segment["position"]):
+        brightest = np.unravel_index(frame[..., 0].astype(int).argmax(), frame.shape[:2])
+        assert np.abs(np.array(brightest) - position).max() <= 2
 
 
 @pytest.mark.parametrize(
