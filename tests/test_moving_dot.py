@@ -264,14 +264,16 @@ def test_pixel_run_trains_its_cnn_reward_model_on_frames(tmp_path):
     assert any(value.dim() == 4 for value in reward_state.values())  # convolution kernels: it saw frames
 
 
-def test_true_reward_mode_queries_no_labels(tmp_path):
-    result = run_dot(tmp_path, TINY + " --feedback true-reward")
+def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
+    result = run_dot(tmp_path, TINY + " --feedback true-reward --capture-video")
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     logged = scalars(run_dir)
     assert "losses/policy_loss" in logged and not any(tag.startswith(("reward_model/", "labels/")) for tag in logged)
     assert logged["losses/policy_loss"][0][0] == 256  # PPO updates from the first rollout on
     assert not (run_dir / "labels.npz").exists()
+    frames = imageio.mimread(run_dir / "videos" / "episode-1.mp4")  # episodes 0 and 1 are recorded
+    assert len(frames) == 101 and frames[0].shape == (210, 160, 3) and frames[0].max() == 255  # the dot is drawn
 
 
 def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(tmp_path):
