@@ -102,8 +102,8 @@ class Args:
     labels: int = 500
     """total number of preference labels to query over the run"""
     segment_len: int = 10
-    """steps per segment (the blog: 1, C17: 15-60): short segments say more about each step (10 learned faster than 25
-    here: benchmark/README.md), long enough to show people a movement (a 1.7 s clip at --clip-fps 6)"""
+    """steps per segment (the blog: 1, C17: 15-60): short segments say more about each step, and 10 steps still
+    show people a movement (a 1.7 s clip at --clip-fps 6)"""
     pretrain_fraction: float = 0.25
     """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%)"""
     pretrain_steps: int = 8192
@@ -433,7 +433,6 @@ class RewardEnsemble(nn.Module):
     def __init__(self, obs_shape, num_actions, size=3):
         super().__init__()
         self.members = nn.ModuleList(RewardNet(obs_shape, num_actions) for _ in range(size))
-        self.obs_dims = len(obs_shape)
         self.register_buffer("member_mean", torch.zeros(size))
         self.register_buffer("member_std", torch.ones(size))
         self.register_buffer("ensemble_mean", torch.zeros(()))

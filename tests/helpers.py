@@ -20,6 +20,13 @@ def run_script(cwd, args, timeout=300, script=SCRIPT):
     )
 
 
+def assert_clear_error(result, message):
+    """The script stopped with `message` on stderr, not with a traceback."""
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def only_run_dir(cwd):
     (run_dir,) = (Path(cwd) / "runs").iterdir()
     return run_dir

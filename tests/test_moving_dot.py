@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import rlhf_moving_dot as dot
 import torch
-from helpers import only_run_dir, run_script, scalars, scripted_rater
+from helpers import assert_clear_error, only_run_dir, run_script, scalars, scripted_rater
 
 torch.set_num_threads(1)
 SCRIPT = Path(dot.__file__)
@@ -359,10 +359,7 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     ],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
-    result = run_dot(tmp_path, args, timeout=120)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    assert_clear_error(run_dot(tmp_path, args, timeout=120), message)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
