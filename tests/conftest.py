@@ -1,5 +1,10 @@
+import os
 import sys
 from pathlib import Path
+
+# the scripts run by the tests print progress lines that tests wait for (e.g. "step ..." before sending Ctrl-C);
+# into a pipe, Python would hold them in its buffer until the run ends
+os.environ["PYTHONUNBUFFERED"] = "1"
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `import rlhf_ppo_mujoco`
 
