@@ -122,7 +122,7 @@ class Args:
     """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1 on MuJoCo)"""
     anchor_absorbing: bool = False
     """ablation: shift the normalised reward given to PPO so the absorbing (fallen) state earns 0, like the true reward
-    (the optimal policy is unchanged; no gain measured on Hopper: benchmark/README.md)"""
+    (the optimal policy is unchanged; on Hopper it helped only with --reward-updates 16, 2 seeds: benchmark/README.md)"""
     label_noise: float = 0.1
     """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
     teacher_beta: float = float("inf")
