@@ -70,7 +70,13 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args.split()], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(SCRIPT), *args.split()],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell starts background jobs with Ctrl-C ignored, and children inherit that: give the run a normal one
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 240
     for line in process.stdout:  # wait until RL has started, then stop the run as Ctrl-C would
