@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 SCRIPT = Path(__file__).resolve().parents[1] / "rlhf_ppo_mujoco.py"
@@ -25,6 +26,14 @@ def assert_clear_error(result, message):
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def assert_answers_follow_true_returns(labels):
+    """Every strict answer in a saved labels.npz prefers the segment with more true reward (the synthetic teacher)."""
+    true_returns = labels["true_reward"].sum(-1)
+    strict = labels["mu"] != 0.5
+    assert strict.any()
+    assert np.all((true_returns[strict, 0] > true_returns[strict, 1]) == (labels["mu"][strict] == 1))
 
 
 def only_run_dir(cwd):

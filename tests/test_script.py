@@ -9,7 +9,7 @@ import imageio
 import numpy as np
 import pytest
 import torch
-from helpers import assert_clear_error, SCRIPT, only_run_dir, run_script, scalars
+from helpers import assert_answers_follow_true_returns, assert_clear_error, SCRIPT, only_run_dir, run_script, scalars
 
 # a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 512 steps, 40 labels of 20-step segments
 TINY = "--env Hopper-v4 --total-timesteps 3072 --num-steps 512 --pretrain-steps 1024 --labels 40 --segment-len 20"
@@ -41,9 +41,7 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     assert labels["obs"].shape == (40, 2, 20, 11) and labels["act"].shape == (40, 2, 20, 3)
     assert set(np.unique(labels["mu"])) <= {0.0, 0.5, 1.0}
     # the answers are the synthetic teacher's: the segment with more true reward is preferred
-    true_returns = labels["true_reward"].sum(-1)
-    strict = labels["mu"] != 0.5
-    assert np.all((true_returns[strict, 0] > true_returns[strict, 1]) == (labels["mu"][strict] == 1))
+    assert_answers_follow_true_returns(labels)
 
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert checkpoint["global_step"] == 3072
