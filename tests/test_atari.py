@@ -1,0 +1,411 @@
+"""rlhf_a2c_atari.py: the preprocessing and the score masking on real game frames, segments and the frame stacks they
+rebuild, the CNN reward model, the label buffer and schedule, and a subprocess run of each mode (synthetic, true reward
+with video, human through a live label server, interrupted and resumed)."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import imageio
+import numpy as np
+import pytest
+import rlhf_a2c_atari as atari
+import torch
+from helpers import assert_clear_error, only_run_dir, run_script, scalars, scripted_rater
+from PIL import Image
+
+torch.set_num_threads(1)
+SCRIPT = Path(atari.__file__)
+# a tiny run: 2 envs x 5 steps per iteration, label rounds of 100 steps per env (200 steps), 2 pretraining rounds,
+# 2400 steps in all; 12 labels of 5-step segments
+TINY = (
+    "--total-timesteps 2400 --num-envs 2 --round-steps 100 --pretrain-steps 400 --labels 12 --pretrain-labels 6 "
+    "--segment-len 5 --pretrain-epochs 2 --reward-batch-size 4 --reward-train-every 2 --reward-eval-every 2 "
+    "--reward-eval-labels 8 --log-every 10 --noop-max 2 --threads 1"
+)
+
+
+def run_atari(cwd, args, timeout=300):
+    return run_script(cwd, args, timeout, script=SCRIPT)
+
+
+def raw_env(game):
+    """The game without preprocessing: one step is one frame, deterministic (no sticky actions)."""
+    env = gym.make(f"{game}NoFrameskip-v4", obs_type="grayscale")
+    env.reset(seed=0)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# score masking and preprocessing, on real frames
+
+# RAM bytes that hold each game's displayed score (and, for Enduro and BeamRider, the counters C17 also blanked),
+# found by watching which bytes change exactly when the game pays a reward
+SCORE_BYTES = {
+    "Pong": [13, 14],  # computer, player
+    "Breakout": [76, 77],
+    "Enduro": [41, 42, 43, 44],  # odometer, cars left to pass
+    "BeamRider": [9, 10, 11, 84],  # score, enemies left
+    "Seaquest": [56, 57, 58],
+    "Qbert": [89, 90, 91],
+    "SpaceInvaders": [102, 103, 104, 105],  # both players
+}
+GAME_NAMES = {
+    "Pong": "pong",
+    "Breakout": "breakout",
+    "Enduro": "enduro",
+    "BeamRider": "beam_rider",
+    "Seaquest": "seaquest",
+    "Qbert": "qbert",
+    "SpaceInvaders": "space_invaders",
+}
+
+
+def screens_after(ale, state, poke=None, frames=8):
+    """The grey screens of `frames` no-op frames from a saved state, after writing one RAM byte if `poke` is given."""
+    ale.restoreState(state)
+    if poke is not None:
+        ale.setRAM(*poke)
+    screens = []
+    for _ in range(frames):
+        ale.act(0)
+        screens.append(ale.getScreenGrayscale().copy())
+    return screens
+
+
+@pytest.mark.parametrize("game", sorted(SCORE_BYTES))
+def test_the_blanked_area_covers_the_score_digits_on_real_frames(game):
+    env, rng = raw_env(game), np.random.default_rng(0)
+    ale = env.unwrapped.ale
+    assert atari.atari_game(f"{game}NoFrameskip-v4") == GAME_NAMES[game]
+    states = []
+    for t in range(900):  # a few moments of a game played at random
+        env.step(int(rng.integers(env.action_space.n)))
+        if t % 300 == 299:
+            states.append(ale.cloneState())
+    area = np.zeros((210, 160), bool)
+    for top, bottom, left, right in atari.SCORE_AREAS[GAME_NAMES[game]]:
+        area[top:bottom, left:right] = True
+    assert area.mean() < 0.25  # the game itself stays visible
+    for byte in SCORE_BYTES[game]:
+        changed = np.zeros((210, 160), bool)
+        for state in states:
+            ale.restoreState(state)
+            value = int(ale.getRAM()[byte])
+            for before, after in zip(screens_after(ale, state), screens_after(ale, state, (byte, value ^ 1))):
+                changed |= before != after
+                # with the score blanked, a different score leaves no trace in what the reward model sees
+                np.testing.assert_array_equal(
+                    atari.blank_score(before, GAME_NAMES[game]), atari.blank_score(after, GAME_NAMES[game])
+                )
+        assert changed.any(), f"byte {byte} did not change the screen: not a score byte"
+        assert area[changed].all()
+
+
+def test_preprocessing_repeats_each_action_four_frames_keeps_the_max_of_the_last_two_and_blanks_the_score():
+    env = atari.make_env("PongNoFrameskip-v4", 0, False, None, noop_max=0)()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert all((frame == obs[0]).all() for frame in obs)  # a new game fills the stack with its first frame
+    ale = env.unwrapped.ale
+    for _ in range(60):  # into the game, where the ball moves
+        env.step(2)
+    state, frame_number = ale.cloneState(), ale.getEpisodeFrameNumber()
+    obs, reward, *_ = env.step(3)
+    assert ale.getEpisodeFrameNumber() == frame_number + 4
+    # the same four frames by hand
+    ale.restoreState(state)
+    screens = []
+    for _ in range(4):
+        ale.act(3)
+        screens.append(ale.getScreenGrayscale().copy())
+    expected = atari.blank_score(np.maximum(screens[2], screens[3]), "pong")
+    expected = np.asarray(Image.fromarray(expected).resize((84, 84), Image.BILINEAR))
+    np.testing.assert_array_equal(obs[-1], expected)
+    assert (obs[-1][:9] == 0).all() and obs[-1][12:].mean() > 20  # rows 0-23 of 210 (the scores) are black
+
+
+def test_no_op_resets_start_games_at_different_frames_and_v5_ids_keep_sticky_actions():
+    env = atari.make_env("PongNoFrameskip-v4", 0, False, None, noop_max=30)()
+    starts = set()
+    for seed in range(6):
+        env.reset(seed=seed)
+        starts.add(env.unwrapped.ale.getEpisodeFrameNumber())
+    assert len(starts) > 2 and all(1 <= s <= 30 for s in starts)
+    v5 = atari.make_env("ALE/Pong-v5", 0, False, None)()
+    v5.reset(seed=0)
+    before = v5.unwrapped.ale.getEpisodeFrameNumber()
+    v5.step(0)
+    assert v5.unwrapped.ale.getEpisodeFrameNumber() == before + 4  # the wrapper skips frames, not ALE (no 16-frame steps)
+    assert v5.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+
+
+def test_segments_rebuild_the_frame_stacks_the_agent_saw_across_game_starts():
+    # games cut after 23 steps, so a round of 60 steps holds several game starts, each with a repeated first frame
+    def short_games():
+        return gym.wrappers.TimeLimit(atari.make_env("PongNoFrameskip-v4", 0, False, None, noop_max=5)(), 23)
+
+    envs = gym.vector.SyncVectorEnv([short_games, short_games], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    rng = np.random.default_rng(0)
+    round_steps, segment_len = 60, 6
+    history, seen = atari.new_history(round_steps, 2), []
+    obs, _ = envs.reset(seed=0)
+    game_starts = np.ones(2, bool)
+    for h in range(round_steps):
+        act = rng.integers(6, size=2)
+        seen.append(obs)
+        next_obs, reward, terminated, truncated, _ = envs.step(act)
+        atari.record_step(history, h, obs, game_starts, act, reward, terminated | truncated)
+        game_starts, obs = terminated | truncated, next_obs
+    seen = np.stack(seen)  # (steps, envs, 4, 84, 84)
+    segments = atari.sample_segments(rng, history, segment_len, 300)
+    stacks = atari.segment_stacks(segments["frames"])  # (300, L, 4, 84, 84)
+    matched = 0
+    for n in range(300):
+        # find the segment's place in the round by its actions and frames, then compare every stack
+        places = [
+            (t, e)
+            for t in range(round_steps - segment_len + 1)
+            for e in range(2)
+            if (history["act"][t : t + segment_len, e] == segments["act"][n]).all()
+            and (seen[t : t + segment_len, e] == stacks[n]).all()
+        ]
+        assert places, f"segment {n} is not a sequence of stacks the agent saw"
+        t, e = places[0]
+        assert not history["done"][t : t + segment_len - 1, e].any()  # no game ends inside a segment
+        matched += 1
+    assert matched == 300
+    # some segments begin right at a game start, where the stack repeats the first frame
+    first_steps = stacks[:, 0]
+    assert any((s[0] == s[3]).all() and (s[3] != 0).any() for s in first_steps)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the reward model, labels and schedule
+
+
+def test_cnn_reward_model_follows_c17_shapes_with_batch_norm_and_dropout():
+    net = atari.RewardNet()
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.kernel_size[0], c.stride[0], c.out_channels) for c in convs] == [(7, 3, 16), (5, 2, 16), (3, 1, 16), (3, 1, 16)]
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 4
+    assert all(m.p == 0.5 for m in net.modules() if isinstance(m, torch.nn.Dropout))
+    hidden = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert (hidden[0].in_features, hidden[0].out_features, hidden[1].out_features) == (16 * 7 * 7, 64, 1)
+    ensemble = atari.RewardEnsemble(3)
+    stacks = torch.randint(0, 255, (5, 2, 4, 84, 84), dtype=torch.uint8)
+    assert ensemble(stacks).shape == (3, 5, 2)
+    ensemble.train()
+    assert not torch.equal(ensemble(stacks), ensemble(stacks))  # dropout while training
+    ensemble.eval()
+    assert torch.equal(ensemble(stacks), ensemble(stacks))  # none when predicting
+    # the L2 penalty counts convolution and linear weights, not batch norm's scale
+    expected = sum(
+        (m.weight**2).sum() for m in ensemble.members[0].modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))
+    )
+    assert ensemble.l2_penalty()[0].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_preference_loss_counts_ties_half_and_assumes_ten_percent_random_answers():
+    big = torch.tensor([50.0])
+    # however sure the model is, a 10% chance of a random answer bounds the loss of a wrong one
+    assert atari.preference_loss(big, -big, torch.tensor([0.0])).item() == pytest.approx(-np.log(0.05), rel=1e-4)
+    tie = atari.preference_loss(torch.tensor([1.0]), torch.tensor([1.0]), torch.tensor([0.5]))
+    assert tie.item() == pytest.approx(np.log(2), rel=1e-5)
+
+
+def block_frames(rng, count, length):
+    """Frames with a bright 16x16 block at a random place; the 'true reward' of a step is 1 when the block of its
+    newest frame is in the upper half."""
+    frames = np.zeros((count, length + 3, 84, 84), np.uint8)
+    rows = rng.integers(0, 68, (count, length + 3))
+    cols = rng.integers(0, 68, (count, length + 3))
+    for n in range(count):
+        for k in range(length + 3):
+            frames[n, k, rows[n, k] : rows[n, k] + 16, cols[n, k] : cols[n, k] + 16] = 200
+    return {"frames": frames, "act": np.zeros((count, length), np.int64), "true_reward": (rows[:, 3:] < 34).astype(np.float32)}
+
+
+def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    teacher = atari.SyntheticTeacher(rng)
+    buffer = atari.LabelBuffer(400, 3, 2, rng)
+    left, right = block_frames(rng, 400, 3), block_frames(rng, 400, 3)
+    teacher.ask(left, right)
+    buffer.add(*teacher.poll()[0])
+    ensemble = atari.RewardEnsemble(2)
+    optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
+    l2 = torch.full((2,), 1e-4)
+    atari.train_reward_model(ensemble, optimizer, buffer, l2, 250, 32, 0.1, rng)
+    train_loss, val_loss, val_accuracy = atari.evaluate_reward_model(ensemble, buffer, 400, 0.1, 0.05)
+    # on fresh pairs with different scores the model orders them as the teacher would
+    fresh_left, fresh_right = block_frames(rng, 200, 3), block_frames(rng, 200, 3)
+    diff = fresh_left["true_reward"].sum(1) - fresh_right["true_reward"].sum(1)
+    predicted = (atari.segment_returns(ensemble, fresh_left) - atari.segment_returns(ensemble, fresh_right)).mean(0)
+    accuracy = ((predicted.detach().numpy() > 0) == (diff > 0))[diff != 0].mean()
+    assert accuracy > 0.8, (accuracy, val_accuracy, train_loss, val_loss)
+    rewards = ensemble.normalized_reward(torch.as_tensor(atari.segment_stacks(fresh_left["frames"])))
+    assert abs(rewards.mean().item()) < 0.03 and 0.03 < rewards.std().item() < 0.08  # C17 A.2: standard deviation 0.05
+
+
+def test_label_buffer_keeps_the_latest_labels_and_saved_batches_reload_as_they_were(tmp_path):
+    rng = np.random.default_rng(0)
+    buffer = atari.LabelBuffer(5, 2, 3, rng)
+    for batch in range(4):  # 8 labels into room for 5
+        segments = block_frames(rng, 2, 2)
+        segments["act"][:] = batch
+        stored = buffer.add(segments, segments, np.array([1.0, 0.0]))
+        atari.save_labels(str(tmp_path / "labels"), stored | {"end": buffer.total})
+    assert buffer.total == 8 and buffer.size == 5
+    assert sorted(buffer.data["act"][:, 0, 0]) == [1, 2, 2, 3, 3]  # the oldest three are gone
+    assert set(buffer.get(buffer.latest(2))["act"][:, 0, 0]) == {3}
+    reloaded = atari.LabelBuffer(5, 2, 3, np.random.default_rng(1))
+    atari.load_labels(str(tmp_path / "labels"), reloaded)
+    assert reloaded.total == 8
+    for key in ("frames", "act", "mu", "is_val", "weight"):
+        np.testing.assert_array_equal(reloaded.data[key], buffer.data[key])
+
+
+def test_label_schedule_spends_the_budget_with_500_from_the_initial_policy():
+    args = atari.Args(total_timesteps=10_000_000, feedback="synthetic")
+    atari.validate_args(args)
+    schedule = atari.label_schedule(args)
+    pretrain_rounds = args.pretrain_iterations // args.iterations_per_round
+    assert schedule.sum() == 3300 and schedule[:pretrain_rounds].sum() == 500
+    rl = schedule[pretrain_rounds:]
+    assert rl[:100].sum() > 2 * rl[-100:].sum()  # the rate falls as 5e6 / (T + 5e6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# every mode, run as a user runs it
+
+
+def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path):
+    result = run_atari(tmp_path, TINY + " --save-model")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.startswith("PongNoFrameskip-v4__rlhf_a2c_atari__1__")
+    logged = scalars(run_dir)
+    for tag in [
+        "charts/episodic_return",
+        "charts/SPS",
+        "reward_model/loss",
+        "reward_model/val_accuracy",
+        "reward_model/l2",
+        "reward_model/true_correlation",
+        "labels/total",
+        "losses/policy_loss",
+    ]:
+        assert tag in logged, f"{tag} missing from {sorted(logged)}"
+    assert min(step for step, _ in logged["losses/policy_loss"]) > 400  # A2C starts after the pretraining rounds
+    assert logged["labels/total"][-1][1] == 12 and "labels 12/12" in result.stdout
+    assert -21 <= logged["charts/episodic_return"][0][1] <= -15  # whole games of Pong played at random
+    files = sorted((run_dir / "labels").glob("*.npz"))
+    saved = [np.load(f) for f in files]
+    assert sum(len(s["mu"]) for s in saved) == 12
+    frames, true_reward, mu = (np.concatenate([s[k] for s in saved]) for k in ("left_frames", "left_true_reward", "mu"))
+    right_reward = np.concatenate([s["right_true_reward"] for s in saved])
+    assert frames.shape == (12, 8, 84, 84) and frames.dtype == np.uint8
+    assert (frames[:, :, :9] == 0).all() and frames[:, :, 12:].mean() > 20  # what the reward model saw: no score
+    diff = true_reward.sum(1) - right_reward.sum(1)
+    np.testing.assert_array_equal(mu, np.where(diff > 0, 1.0, np.where(diff < 0, 0.0, 0.5)))  # ties are "equal"
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["global_step"] == 2400 and {"agent", "reward_ensemble"} <= set(checkpoint)
+    evaluation = run_atari(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1")
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert "eval: 1 games of PongNoFrameskip-v4: score -2" in evaluation.stdout  # -21 or -20: a barely trained agent
+
+
+def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
+    result = run_atari(tmp_path, TINY + " --feedback true-reward --capture-video --env ALE/Pong-v5")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.startswith("ALE-Pong-v5__")
+    logged = scalars(run_dir)
+    assert "losses/policy_loss" in logged and not any(tag.startswith(("reward_model/", "labels/")) for tag in logged)
+    assert logged["losses/policy_loss"][0][0] == 100  # A2C updates from the first iteration on (logged every 10)
+    assert not (run_dir / "labels").exists()
+    frames = imageio.mimread(run_dir / "videos" / "episode-0.mp4", memtest=False)
+    assert len(frames) > 100 and frames[0].shape == (210, 160, 3)
+    assert frames[5][:20].std() > 0  # the video is what people watch: in colour, score included
+
+
+def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
+    server = label_server()
+    stop, answered = threading.Event(), {}
+    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
+    rater.start()
+    args = TINY + f" --feedback human --label-server {server.url} --save-model"
+    try:
+        trainer = run_atari(tmp_path, args, timeout=600)
+    finally:
+        stop.set()
+        rater.join(timeout=30)
+    assert trainer.returncode == 0, trainer.stdout + trainer.stderr
+    assert "labels 6/6 from the initial policy" in trainer.stdout
+    saved = [np.load(f) for f in sorted((only_run_dir(tmp_path) / "labels").glob("*.npz"))]
+    mu = np.concatenate([s["mu"] for s in saved])
+    diff = np.concatenate([s["left_true_reward"].sum(1) - s["right_true_reward"].sum(1) for s in saved])
+    assert len(mu) >= 6
+    np.testing.assert_array_equal(mu, np.sign(diff) / 2 + 0.5)  # the rater's answers
+    status, clip = server.call("GET", f"/clips/{next(iter(answered))}-left")
+    assert status == 200 and clip[:4] == b"\x1a\x45\xdf\xa3"  # WebM
+    (tmp_path / "clip.webm").write_bytes(clip)
+    frames = imageio.mimread(tmp_path / "clip.webm")
+    assert len(frames) == 5 and frames[0].shape[:2] == (336, 336)  # one frame per step, enlarged 4x
+
+
+def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
+    args = TINY.replace("--total-timesteps 2400", "--total-timesteps 4000") + " --labels 30 --save-model"
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args.split()],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see test_script.py
+    )
+    deadline = time.time() + 240
+    for line in process.stdout:  # wait until A2C has run past a label round, then stop the run as Ctrl-C would
+        if line.startswith("step 1000") or time.time() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    before = {f.name: np.load(f)["left_frames"] for f in (run_dir / "labels").glob("*.npz")}
+    assert 0 < sum(len(v) for v in before.values()) < 30
+
+    result = run_atari(tmp_path, f"--resume {run_dir}", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert f"resumed {run_dir} at step" in result.stdout
+    after = {f.name: np.load(f) for f in (run_dir / "labels").glob("*.npz")}
+    assert sum(len(f["mu"]) for f in after.values()) == 30  # the whole budget, nothing asked twice
+    for name, frames in before.items():
+        np.testing.assert_array_equal(after[name]["left_frames"], frames)  # the old labels are kept as they were
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 4000
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ("--env Pongg-v5", "unknown Atari environment id 'Pongg-v5'"),
+        ("--env Hopper-v4", "Hopper-v4 is not an Atari game"),
+        ("--labels 0", "--labels must be positive"),
+        ("--pretrain-labels 600 --labels 500", "--pretrain-labels must be between 1 and --labels 500"),
+        ("--round-steps 402", "--round-steps 402 must be a positive multiple of --num-steps 5"),
+        ("--segment-len 500", "--segment-len 500 must be between 2 and --round-steps 400"),
+        ("--labels 100000 --total-timesteps 200000", "--labels 100000 is too large for this run"),
+        ("--total-timesteps 20000", "leaves no RL after 25600 pretraining steps"),
+        ("--reward-dropout 1", "--reward-dropout must be in [0, 1)"),
+        ("--eval-only", "--eval-only needs --resume"),
+        ("--resume runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt"),
+    ],
+)
+def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
+    assert_clear_error(run_atari(tmp_path, args, timeout=120), message)
