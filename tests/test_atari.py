@@ -2,6 +2,7 @@
 rebuild, the CNN reward model, the label buffer and schedule, and a subprocess run of each mode (synthetic, true reward
 with video, human through a live label server, interrupted and resumed)."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -21,10 +22,10 @@ from PIL import Image
 torch.set_num_threads(1)
 SCRIPT = Path(atari.__file__)
 # a tiny run: 2 envs x 5 steps per iteration, label rounds of 100 steps per env (200 steps), 2 pretraining rounds,
-# 2400 steps in all; 12 labels of 5-step segments
+# 1200 steps in all; 12 labels of 5-step segments
 TINY = (
-    "--total-timesteps 2400 --num-envs 2 --round-steps 100 --pretrain-steps 400 --labels 12 --pretrain-labels 6 "
-    "--segment-len 5 --pretrain-epochs 2 --reward-batch-size 4 --reward-train-every 2 --reward-eval-every 2 "
+    "--total-timesteps 1200 --num-envs 2 --round-steps 100 --pretrain-steps 400 --labels 12 --pretrain-labels 6 "
+    "--segment-len 5 --pretrain-epochs 2 --reward-batch-size 4 --reward-train-every 4 --reward-eval-every 2 "
     "--reward-eval-labels 8 --log-every 10 --noop-max 2 --threads 1"
 )
 
@@ -234,17 +235,17 @@ def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     teacher = atari.SyntheticTeacher(rng)
-    buffer = atari.LabelBuffer(400, 3, 2, rng)
-    left, right = block_frames(rng, 400, 3), block_frames(rng, 400, 3)
+    buffer = atari.LabelBuffer(400, 1, 1, rng)  # one-step segments and one member keep this test quick on a CPU
+    left, right = block_frames(rng, 400, 1), block_frames(rng, 400, 1)
     teacher.ask(left, right)
     buffer.add(*teacher.poll()[0])
-    ensemble = atari.RewardEnsemble(2)
+    ensemble = atari.RewardEnsemble(1)
     optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
-    l2 = torch.full((2,), 1e-4)
-    atari.train_reward_model(ensemble, optimizer, buffer, l2, 250, 32, 0.1, rng)
+    l2 = torch.full((1,), 1e-4)
+    atari.train_reward_model(ensemble, optimizer, buffer, l2, 150, 32, 0.1, rng)
     train_loss, val_loss, val_accuracy = atari.evaluate_reward_model(ensemble, buffer, 400, 0.1, 0.05)
     # on fresh pairs with different scores the model orders them as the teacher would
-    fresh_left, fresh_right = block_frames(rng, 200, 3), block_frames(rng, 200, 3)
+    fresh_left, fresh_right = block_frames(rng, 200, 1), block_frames(rng, 200, 1)
     diff = fresh_left["true_reward"].sum(1) - fresh_right["true_reward"].sum(1)
     predicted = (atari.segment_returns(ensemble, fresh_left) - atari.segment_returns(ensemble, fresh_right)).mean(0)
     accuracy = ((predicted.detach().numpy() > 0) == (diff > 0))[diff != 0].mean()
@@ -292,7 +293,6 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert run_dir.name.startswith("PongNoFrameskip-v4__rlhf_a2c_atari__1__")
     logged = scalars(run_dir)
     for tag in [
-        "charts/episodic_return",
         "charts/SPS",
         "reward_model/loss",
         "reward_model/val_accuracy",
@@ -304,7 +304,6 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
         assert tag in logged, f"{tag} missing from {sorted(logged)}"
     assert min(step for step, _ in logged["losses/policy_loss"]) > 400  # A2C starts after the pretraining rounds
     assert logged["labels/total"][-1][1] == 12 and "labels 12/12" in result.stdout
-    assert -21 <= logged["charts/episodic_return"][0][1] <= -15  # whole games of Pong played at random
     files = sorted((run_dir / "labels").glob("*.npz"))
     saved = [np.load(f) for f in files]
     assert sum(len(s["mu"]) for s in saved) == 12
@@ -315,14 +314,16 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     diff = true_reward.sum(1) - right_reward.sum(1)
     np.testing.assert_array_equal(mu, np.where(diff > 0, 1.0, np.where(diff < 0, 0.0, 0.5)))  # ties are "equal"
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert checkpoint["global_step"] == 2400 and {"agent", "reward_ensemble"} <= set(checkpoint)
+    assert checkpoint["global_step"] == 1200 and {"agent", "reward_ensemble"} <= set(checkpoint)
     evaluation = run_atari(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1")
     assert evaluation.returncode == 0, evaluation.stderr
-    assert "eval: 1 games of PongNoFrameskip-v4: score -2" in evaluation.stdout  # -21 or -20: a barely trained agent
+    score = float(evaluation.stdout.split("eval: 1 games of PongNoFrameskip-v4: score ")[1].split()[0])
+    assert -21 <= score <= -15  # a whole game of a barely trained agent
 
 
 def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
-    result = run_atari(tmp_path, TINY + " --feedback true-reward --capture-video --env ALE/Pong-v5")
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2400")  # 1200 steps per env: a whole game
+    result = run_atari(tmp_path, args + " --feedback true-reward --capture-video --env ALE/Pong-v5")
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("ALE-Pong-v5__")
@@ -330,6 +331,7 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     assert "losses/policy_loss" in logged and not any(tag.startswith(("reward_model/", "labels/")) for tag in logged)
     assert logged["losses/policy_loss"][0][0] == 100  # A2C updates from the first iteration on (logged every 10)
     assert not (run_dir / "labels").exists()
+    assert -21 <= logged["charts/episodic_return"][0][1] <= -15  # the score of a whole game of Pong played badly
     frames = imageio.mimread(run_dir / "videos" / "episode-0.mp4", memtest=False)
     assert len(frames) > 100 and frames[0].shape == (210, 160, 3)
     assert frames[5][:20].std() > 0  # the video is what people watch: in colour, score included
@@ -361,7 +363,7 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
 
 
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
-    args = TINY.replace("--total-timesteps 2400", "--total-timesteps 4000") + " --labels 30 --save-model"
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2000") + " --labels 20 --save-model"
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), *args.split()],
         cwd=tmp_path,
@@ -372,40 +374,51 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
     )
     deadline = time.time() + 240
     for line in process.stdout:  # wait until A2C has run past a label round, then stop the run as Ctrl-C would
-        if line.startswith("step 1000") or time.time() > deadline:
+        if line.startswith("step 800") or time.time() > deadline:
             break
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     before = {f.name: np.load(f)["left_frames"] for f in (run_dir / "labels").glob("*.npz")}
-    assert 0 < sum(len(v) for v in before.values()) < 30
+    assert 0 < sum(len(v) for v in before.values()) < 20
 
     result = run_atari(tmp_path, f"--resume {run_dir}", timeout=600)
     assert result.returncode == 0, result.stderr
     assert f"resumed {run_dir} at step" in result.stdout
     after = {f.name: np.load(f) for f in (run_dir / "labels").glob("*.npz")}
-    assert sum(len(f["mu"]) for f in after.values()) == 30  # the whole budget, nothing asked twice
+    assert sum(len(f["mu"]) for f in after.values()) == 20  # the whole budget, nothing asked twice
     for name, frames in before.items():
         np.testing.assert_array_equal(after[name]["left_frames"], frames)  # the old labels are kept as they were
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 4000
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 2000
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
         ("--env Pongg-v5", "unknown Atari environment id 'Pongg-v5'"),
-        ("--env Hopper-v4", "Hopper-v4 is not an Atari game"),
-        ("--labels 0", "--labels must be positive"),
-        ("--pretrain-labels 600 --labels 500", "--pretrain-labels must be between 1 and --labels 500"),
-        ("--round-steps 402", "--round-steps 402 must be a positive multiple of --num-steps 5"),
-        ("--segment-len 500", "--segment-len 500 must be between 2 and --round-steps 400"),
-        ("--labels 100000 --total-timesteps 200000", "--labels 100000 is too large for this run"),
-        ("--total-timesteps 20000", "leaves no RL after 25600 pretraining steps"),
-        ("--reward-dropout 1", "--reward-dropout must be in [0, 1)"),
         ("--eval-only", "--eval-only needs --resume"),
         ("--resume runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt"),
     ],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_atari(tmp_path, args, timeout=120), message)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"env": "Hopper-v4"}, "Hopper-v4 is not an Atari game"),
+        ({"labels": 0}, "--labels must be positive"),
+        ({"pretrain_labels": 600, "labels": 500}, "--pretrain-labels must be between 1 and --labels 500"),
+        ({"round_steps": 402}, "--round-steps 402 must be a positive multiple of --num-steps 5"),
+        ({"segment_len": 500}, "--segment-len 500 must be between 2 and --round-steps 400"),
+        ({"labels": 100000, "total_timesteps": 200000}, "--labels 100000 is too large for this run"),
+        ({"total_timesteps": 20000}, "leaves no RL after 25600 pretraining steps"),
+        ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),
+    ],
+)
+def test_impossible_settings_are_refused_with_a_message(settings, message):
+    # the checks the script runs before creating anything; their SystemExit prints the message without a traceback
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        atari.validate_args(atari.Args(**settings))
