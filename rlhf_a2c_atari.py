@@ -506,10 +506,10 @@ def record_step(history, h, stacks, game_starts, act, true_reward, done):
     history["act"][h], history["true_reward"][h], history["done"][h] = act, true_reward, done
 
 
-def sample_segments(rng, history, segment_len, count):
-    """Draw `count` segments of `segment_len` steps from a round's history (`frames` (H + 3, envs, 84, 84), the
-    others (H, envs)); a segment never crosses the end of a game."""
-    done, first = history["done"], history["first_frame"]
+def segment_places(rng, history, segment_len, count):
+    """Where `count` random segments of `segment_len` steps start in a round's history: (first steps, environments).
+    A segment never crosses the end of a game."""
+    done = history["done"]
     num_steps, num_envs = done.shape
     ends_before = np.concatenate([np.zeros((1, num_envs), int), np.cumsum(done, 0)])  # games ended before step t
     starts = np.arange(num_steps - segment_len + 1)
@@ -518,15 +518,26 @@ def sample_segments(rng, history, segment_len, count):
     if len(valid_t) == 0:
         raise RuntimeError("no valid segment in the round: use a shorter --segment-len")
     pick = rng.choice(len(valid_t), size=count, replace=count > len(valid_t))
-    t, e = valid_t[pick, None], valid_e[pick, None]
+    return valid_t[pick], valid_e[pick]
+
+
+def gather_segments(history, places, segment_len):
+    """The segments starting at `places` (from segment_places), copied out of the round's history (`frames`
+    (H + 3, envs, 84, 84), the others (H, envs))."""
+    t, e = places[0][:, None], places[1][:, None]
     # frames of steps t-3 .. t+L-1; before the first frame of a game the stack repeats that frame, as the agent saw it
-    frame_index = np.maximum(t + np.arange(segment_len + 3), first[t, e])
+    frame_index = np.maximum(t + np.arange(segment_len + 3), history["first_frame"][t, e])
     steps = t + np.arange(segment_len)
     return {
         "frames": history["frames"][frame_index, e],
         "act": history["act"][steps, e],
         "true_reward": history["true_reward"][steps, e],
     }
+
+
+def sample_segments(rng, history, segment_len, count):
+    """`count` random segments of `segment_len` steps from a round's history."""
+    return gather_segments(history, segment_places(rng, history, segment_len, count), segment_len)
 
 
 def index_segments(segments, idx):
@@ -537,19 +548,18 @@ def select_pairs(rng, ensemble, history, segment_len, num_pairs, multiplier, sel
     """C17 2.2.4: draw `multiplier` x more candidate pairs than needed and keep those whose predicted preference
     varies most across the ensemble members (or a random subset for --selection random)."""
     num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
-    left = sample_segments(rng, history, segment_len, num_candidates)
-    right = sample_segments(rng, history, segment_len, num_candidates)
-    if selection == "variance":
-        scores = np.concatenate(
-            [
-                disagreement(ensemble, index_segments(left, slice(i, i + chunk)), index_segments(right, slice(i, i + chunk)))
-                for i in range(0, num_candidates, chunk)
-            ]
-        )
-        keep = np.argsort(-scores, kind="stable")[:num_pairs]
-    else:
-        keep = np.arange(num_pairs)
-    return index_segments(left, keep), index_segments(right, keep)
+    left = segment_places(rng, history, segment_len, num_candidates)
+    right = segment_places(rng, history, segment_len, num_candidates)
+    keep = np.arange(num_pairs)
+    if selection == "variance":  # scored a chunk at a time: only `chunk` candidate pairs' frames are copied at once
+        scores = []
+        for i in range(0, num_candidates, chunk):
+            part = slice(i, i + chunk)
+            left_part = gather_segments(history, (left[0][part], left[1][part]), segment_len)
+            right_part = gather_segments(history, (right[0][part], right[1][part]), segment_len)
+            scores.append(disagreement(ensemble, left_part, right_part))
+        keep = np.argsort(-np.concatenate(scores), kind="stable")[:num_pairs]
+    return (gather_segments(history, (side[0][keep], side[1][keep]), segment_len) for side in (left, right))
 
 
 @torch.no_grad()
