@@ -1,6 +1,7 @@
 """Running the script as a user does: in a subprocess, in a fresh folder, judged by what it writes."""
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,26 @@ def run_script(cwd, args, timeout=300, script=SCRIPT):
     return subprocess.run(
         [sys.executable, str(script), *args.split()], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
+
+
+def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240):
+    """Start the script, wait for a stdout line starting with `line_prefix` (or `wait` seconds), then stop it as
+    Ctrl-C would; returns (stdout after that line, stderr)."""
+    process = subprocess.Popen(
+        [sys.executable, str(script), *args.split()],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell starts background jobs with Ctrl-C ignored, and children inherit that: give the run a normal one
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.time() + wait
+    for line in process.stdout:
+        if line.startswith(line_prefix) or time.time() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    return process.communicate(timeout=120)
 
 
 def assert_clear_error(result, message):

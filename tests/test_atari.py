@@ -3,11 +3,7 @@ rebuild, the CNN reward model, the label buffer and schedule, and a subprocess r
 with video, human through a live label server, interrupted and resumed)."""
 
 import re
-import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -16,7 +12,7 @@ import numpy as np
 import pytest
 import rlhf_a2c_atari as atari
 import torch
-from helpers import assert_clear_error, only_run_dir, run_script, scalars, scripted_rater
+from helpers import assert_clear_error, interrupt_run, only_run_dir, run_script, scalars, scripted_rater
 from PIL import Image
 
 torch.set_num_threads(1)
@@ -364,20 +360,7 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
 
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2000") + " --labels 20 --save-model"
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args.split()],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see test_script.py
-    )
-    deadline = time.time() + 240
-    for line in process.stdout:  # wait until A2C has run past a label round, then stop the run as Ctrl-C would
-        if line.startswith("step 800") or time.time() > deadline:
-            break
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
+    out, err = interrupt_run(tmp_path, args, "step 800", script=SCRIPT)  # once A2C has run past a label round
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     before = {f.name: np.load(f)["left_frames"] for f in (run_dir / "labels").glob("*.npz")}

@@ -1,15 +1,10 @@
 """rlhf_ppo_mujoco.py run as a user runs it: in a subprocess, judged by what it writes (TensorBoard, labels, checkpoint)."""
 
-import signal
-import subprocess
-import sys
-import time
-
 import imageio
 import numpy as np
 import pytest
 import torch
-from helpers import assert_answers_follow_true_returns, assert_clear_error, SCRIPT, only_run_dir, run_script, scalars
+from helpers import assert_answers_follow_true_returns, assert_clear_error, interrupt_run, only_run_dir, run_script, scalars
 
 # a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 512 steps, 40 labels of 20-step segments
 TINY = "--env Hopper-v4 --total-timesteps 3072 --num-steps 512 --pretrain-steps 1024 --labels 40 --segment-len 20"
@@ -67,21 +62,7 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
 
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args.split()],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # a shell starts background jobs with Ctrl-C ignored, and children inherit that: give the run a normal one
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.time() + 240
-    for line in process.stdout:  # wait until RL has started, then stop the run as Ctrl-C would
-        if line.startswith("step ") or time.time() > deadline:
-            break
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
+    out, err = interrupt_run(tmp_path, args, "step ")  # wait until RL has started, then stop the run as Ctrl-C would
     assert "labels saved to" in out, err
     run_dir = only_run_dir(tmp_path)
     saved = np.load(run_dir / "labels.npz")
