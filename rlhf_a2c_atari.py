@@ -1100,8 +1100,10 @@ if __name__ == "__main__":
                 label_round = iteration // args.iterations_per_round - 1
                 to_ask = min(int(schedule[label_round]), args.labels - buffer.total - teacher.pending)
                 if to_ask > 0:
+                    # before RL starts the ensemble is untrained: its disagreement means nothing, so pairs are random
+                    selection = "random" if pretraining else args.selection
                     left, right = select_pairs(
-                        rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, args.selection
+                        rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, selection
                     )
                     teacher.ask(left, right)
                 if iteration == args.pretrain_iterations and args.feedback == "human":
