@@ -1098,7 +1098,8 @@ if __name__ == "__main__":
             if rlhf and iteration % args.iterations_per_round == 0:
                 # RLHF: a label round: this round's share of the budget (C17 A.2 schedule, 2.2.4 selection)
                 label_round = iteration // args.iterations_per_round - 1
-                to_ask = min(int(schedule[label_round]), args.labels - buffer.total - teacher.pending)
+                # the schedule's total so far, less what is answered or waiting (a resumed round asks nothing twice)
+                to_ask = int(schedule[: label_round + 1].sum()) - buffer.total - teacher.pending
                 if to_ask > 0:
                     # before RL starts the ensemble is untrained: its disagreement means nothing, so pairs are random
                     selection = "random" if pretraining else args.selection
