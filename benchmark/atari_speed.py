@@ -21,7 +21,7 @@ PROGRESS = re.compile(r"^step (\d+), SPS (\d+)", re.MULTILINE)
 def read(path):
     """(seconds, steps) arrays of the progress lines and the peak MB of one log."""
     text = open(path).read()
-    points = np.array([(int(step) / max(int(sps), 1), int(step)) for step, sps in PROGRESS.findall(text)])
+    points = np.array([(int(step) / max(int(sps), 1), int(step)) for step, sps in PROGRESS.findall(text)]).reshape(-1, 2)
     peak = re.findall(r"^peak_rss_kb (\d+)", text, re.MULTILINE)
     return points[:, 0], points[:, 1], int(peak[-1]) / 1024 if peak else float("nan")
 
@@ -37,12 +37,17 @@ def main():
     args = parser.parse_args()
     name = args.env.replace("/", "-")
     ratios = []
-    print("| seed | true-reward SPS | RLHF SPS | ratio | window s | RLHF pretraining s | true-reward peak MB | RLHF peak MB |")
+    print(
+        "| seed | true-reward SPS | RLHF SPS | ratio | window (s from start) | RLHF first RL line (s) | true-reward peak MB | RLHF peak MB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for true_log in sorted(glob.glob(f"{args.logs}/{name}__bench_true__*.log")):
         seed = true_log.rsplit("__", 1)[1][: -len(".log")]
         true_time, true_steps, true_mb = read(true_log)
         rlhf_time, rlhf_steps, rlhf_mb = read(f"{args.logs}/{name}__bench_rlhf__{seed}.log")
+        if min(len(true_time), len(rlhf_time)) < 2:
+            print(f"| {seed} | fewer than two progress lines in a log (still running?) |")
+            continue
         start, end = max(true_time[0], rlhf_time[0]), min(true_time[-1], rlhf_time[-1])
         if end - start < 60:
             print(f"| {seed} | runs overlap less than a minute after RLHF's pretraining: use more steps |")
@@ -53,7 +58,8 @@ def main():
             f"| {seed} | {true_sps:.0f} | {rlhf_sps:.0f} | {ratios[-1]:.2f} | {start:.0f}-{end:.0f} | {rlhf_time[0]:.0f} "
             f"| {true_mb:.0f} | {rlhf_mb:.0f} |"
         )
-    print(f"median ratio RLHF/true-reward over {len(ratios)} seeds: {statistics.median(ratios):.2f}")
+    if ratios:
+        print(f"median ratio RLHF/true-reward over {len(ratios)} seeds: {statistics.median(ratios):.2f}")
 
 
 if __name__ == "__main__":

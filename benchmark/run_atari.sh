@@ -3,7 +3,8 @@
 # per core, --threads 1) on the same machine, same seed and steps; each log ends with the run's wall time and peak
 # memory (/usr/bin/time). Logs: benchmark/logs/{env}__bench_{true,rlhf}__{seed}.log (plot.py reads them).
 # Usage: bash benchmark/run_atari.sh [ENV] [STEPS] [SEEDS...]   (run from the repository root)
-# RLHF_FLAGS="..." adds flags to the RLHF runs (e.g. CPU-sized reward training), then:
+# RLHF_FLAGS="..." adds flags to the RLHF runs (e.g. CPU-sized reward training); SPEED_ONLY=1 stops each RLHF run
+# when its true-reward partner finishes (for the steps/s ratio only). Then:
 #   python benchmark/atari_speed.py --env ENV      (steps/s ratio per seed and the median; peak memory)
 #   python benchmark/plot.py --env ENV             (curves and table)
 set -euo pipefail
@@ -18,8 +19,14 @@ for seed in $seeds; do  # one pair at a time, so each ratio compares two runs th
   common=(--env "$env_id" --total-timesteps "$steps" --seed "$seed" --threads 1)
   "${time_it[@]}" python rlhf_a2c_atari.py "${common[@]}" --feedback true-reward --exp-name bench_true \
     > "benchmark/logs/${name}__bench_true__${seed}.log" 2>&1 &
+  true_pid=$!
   # shellcheck disable=SC2086
   "${time_it[@]}" python rlhf_a2c_atari.py "${common[@]}" ${RLHF_FLAGS:-} --exp-name bench_rlhf \
     > "benchmark/logs/${name}__bench_rlhf__${seed}.log" 2>&1 &
-  wait
+  rlhf_pid=$!
+  wait "$true_pid"
+  if [ -n "${SPEED_ONLY:-}" ]; then  # the ratio needs both running: stop RLHF when the baseline is done
+    pkill -TERM -P "$rlhf_pid" || true  # (a script's background jobs ignore Ctrl-C's SIGINT)
+  fi
+  wait "$rlhf_pid" || true
 done
