@@ -1115,7 +1115,7 @@ if __name__ == "__main__":
                 if args.feedback == "human":
                     teacher.save(pending_path)  # in step with the saved labels: their answers are not fetched again
                 if iteration == args.pretrain_iterations:  # C17 A.2: 200 epochs on the pretraining labels
-                    epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
+                    epoch_steps, fit_start = math.ceil(buffer.size / args.reward_batch_size), time.time()
                     for epoch in range(1, args.pretrain_epochs + 1):
                         train_reward_model(
                             ensemble,
@@ -1132,10 +1132,12 @@ if __name__ == "__main__":
                                 ensemble, buffer, args.reward_eval_labels, args.label_noise, args.reward_std
                             )
                             l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                            print(
-                                f"pretraining the reward model: epoch {epoch}/{args.pretrain_epochs}, val accuracy "
-                                f"{val_accuracy:.2f}, train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
-                            )
+                        # a line per epoch: on a CPU an epoch can take minutes
+                        print(
+                            f"pretraining the reward model: epoch {epoch}/{args.pretrain_epochs} "
+                            f"({time.time() - fit_start:.0f} s), val accuracy {val_accuracy:.2f}, "
+                            f"train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
+                        )
 
             if pretraining:
                 if iteration % args.iterations_per_round == 0:
