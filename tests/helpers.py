@@ -57,6 +57,24 @@ def assert_answers_follow_true_returns(labels):
     assert np.all((true_returns[strict, 0] > true_returns[strict, 1]) == (labels["mu"][strict] == 1))
 
 
+# what every RLHF run logs to TensorBoard, whatever the script (STYLE.md)
+RLHF_TAGS = [
+    "charts/SPS",
+    "reward_model/loss",
+    "reward_model/val_loss",
+    "reward_model/val_accuracy",
+    "reward_model/l2",
+    "reward_model/true_correlation",
+    "labels/total",
+    "losses/policy_loss",
+]
+
+
+def assert_tags(logged, tags):
+    for tag in tags:
+        assert tag in logged, f"{tag} missing from {sorted(logged)}"
+
+
 def only_run_dir(cwd):
     (run_dir,) = (Path(cwd) / "runs").iterdir()
     return run_dir

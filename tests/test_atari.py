@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 import rlhf_a2c_atari as atari
 import torch
-from helpers import assert_clear_error, interrupt_run, only_run_dir, run_script, scalars, scripted_rater
+from helpers import (
+    RLHF_TAGS,
+    assert_tags,
+    assert_clear_error,
+    interrupt_run,
+    only_run_dir,
+    run_script,
+    scalars,
+    scripted_rater,
+)
 from PIL import Image
 
 torch.set_num_threads(1)
@@ -288,16 +297,7 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("PongNoFrameskip-v4__rlhf_a2c_atari__1__")
     logged = scalars(run_dir)
-    for tag in [
-        "charts/SPS",
-        "reward_model/loss",
-        "reward_model/val_accuracy",
-        "reward_model/l2",
-        "reward_model/true_correlation",
-        "labels/total",
-        "losses/policy_loss",
-    ]:
-        assert tag in logged, f"{tag} missing from {sorted(logged)}"
+    assert_tags(logged, RLHF_TAGS)
     assert min(step for step, _ in logged["losses/policy_loss"]) > 400  # A2C starts after the pretraining rounds
     assert logged["labels/total"][-1][1] == 12 and "labels 12/12" in result.stdout
     files = sorted((run_dir / "labels").glob("*.npz"))

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import rlhf_moving_dot as dot
 import torch
-from helpers import assert_answers_follow_true_returns, assert_clear_error, only_run_dir, run_script, scalars, scripted_rater
+from helpers import (
+    RLHF_TAGS,
+    assert_tags,
+    assert_answers_follow_true_returns,
+    assert_clear_error,
+    only_run_dir,
+    run_script,
+    scalars,
+    scripted_rater,
+)
 
 torch.set_num_threads(1)
 SCRIPT = Path(dot.__file__)
@@ -225,17 +234,7 @@ def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("MovingDot-v0-position__rlhf_moving_dot__1__")
     logged = scalars(run_dir)
-    for tag in [
-        "charts/predicted_return",
-        "charts/SPS",
-        "reward_model/loss",
-        "reward_model/val_accuracy",
-        "reward_model/l2",
-        "reward_model/true_correlation",
-        "labels/total",
-        "losses/policy_loss",
-    ]:
-        assert tag in logged, f"{tag} missing from {sorted(logged)}"
+    assert_tags(logged, RLHF_TAGS + ["charts/predicted_return"])
     assert logged["labels/total"][-1][1] == 30
     assert "step 1536" in result.stdout and "labels 30/30" in result.stdout
     labels = np.load(run_dir / "labels.npz")
