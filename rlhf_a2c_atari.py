@@ -1060,7 +1060,7 @@ if __name__ == "__main__":
     recent_returns, recent_predicted = [], []
     reward_steps = 0  # RLHF: reward-model gradient steps so far, and the latest validation figures
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
-    val_accuracy, correlation = math.nan, math.nan
+    val_accuracy = math.nan
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
 
