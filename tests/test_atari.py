@@ -216,6 +216,27 @@ def test_cnn_reward_model_follows_c17_shapes_with_batch_norm_and_dropout():
     assert ensemble.l2_penalty()[0].item() == pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("p", [0.5, 0.25])
+def test_byte_dropout_drops_a_p_share_everywhere_keeps_the_mean_and_routes_gradients_through_kept_units(p):
+    torch.manual_seed(0)
+    dropout = atari.ByteDropout(p).train()
+    # channels-last input, as the reward model's: the mask must follow the layout, every element drawn
+    x = torch.ones(64, 16, 26, 26).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    y = dropout(x)
+    kept = y != 0
+    assert kept.float().mean().item() == pytest.approx(1 - p, abs=0.005)
+    # no position is favoured: the 8 bytes of each 64-bit draw and every channel drop at the same rate
+    by_byte = kept.permute(0, 2, 3, 1).reshape(-1, 8).float().mean(0)
+    by_channel = kept.float().mean((0, 2, 3))
+    assert by_byte.sub(1 - p).abs().max().item() < 0.01 and by_channel.sub(1 - p).abs().max().item() < 0.01
+    assert torch.unique(y).tolist() == pytest.approx([0.0, 1 / (1 - p)])  # the kept units scaled to keep the mean
+    y.sum().backward()
+    assert torch.equal(x.grad != 0, kept)  # dropped units pass no gradient
+    assert not torch.equal(dropout(x), dropout(x))  # a new mask each call
+    dropout.eval()
+    assert torch.equal(dropout(x), x)
+
+
 def test_preference_loss_counts_ties_half_and_assumes_ten_percent_random_answers():
     big = torch.tensor([50.0])
     # however sure the model is, a 10% chance of a random answer bounds the loss of a wrong one
