@@ -1,10 +1,12 @@
 """Running the script as a user does: in a subprocess, in a fresh folder, judged by what it writes."""
 
+import contextlib
 import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -156,3 +158,16 @@ def scripted_rater(server, stop, answered):
         status, _ = server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": "script", "choice": choice})
         assert status == 201
         answered[pair["pair_id"]] = choice
+
+
+@contextlib.contextmanager
+def rating_by_script(server):
+    """Run `scripted_rater` in a background thread while the block runs; yields its answers (pair id -> choice)."""
+    stop, answered = threading.Event(), {}
+    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
+    rater.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        rater.join(timeout=30)

@@ -3,7 +3,6 @@ rebuild, the CNN reward model, the label buffer and schedule, and a subprocess r
 with video, human through a live label server, interrupted and resumed)."""
 
 import re
-import threading
 from pathlib import Path
 
 import gymnasium as gym
@@ -20,7 +19,7 @@ from helpers import (
     only_run_dir,
     run_script,
     scalars,
-    scripted_rater,
+    rating_by_script,
 )
 from PIL import Image
 
@@ -356,15 +355,9 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
 
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
     server = label_server()
-    stop, answered = threading.Event(), {}
-    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
-    rater.start()
     args = TINY + f" --feedback human --label-server {server.url} --save-model"
-    try:
+    with rating_by_script(server) as answered:
         trainer = run_atari(tmp_path, args, timeout=600)
-    finally:
-        stop.set()
-        rater.join(timeout=30)
     assert trainer.returncode == 0, trainer.stdout + trainer.stderr
     assert "labels 6/6 from the initial policy" in trainer.stdout
     saved = [np.load(f) for f in sorted((only_run_dir(tmp_path) / "labels").glob("*.npz"))]

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import rlhf_ppo_mujoco as rl
 import torch
-from helpers import SCRIPT, free_port, only_run_dir, scripted_rater
+from helpers import SCRIPT, free_port, only_run_dir, rating_by_script
 
 HUMAN = (
     "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-steps 512 --pretrain-steps 1024 --labels 40"
@@ -36,14 +36,8 @@ def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_
         time.sleep(0.2)
 
     server = label_server(port=port)
-    stop, answered = threading.Event(), {}
-    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
-    rater.start()
-    try:
+    with rating_by_script(server) as answered:
         assert trainer.wait(timeout=600) == 0, "".join(output)
-    finally:
-        stop.set()
-        rater.join(timeout=30)
     reader.join(timeout=30)
     log = "".join(output)
     assert "is back" in log and "waiting for" in log and "labels 20/20 from the initial policy" in log

@@ -4,7 +4,6 @@ offline, human through a live label server); and learning from preferences alone
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from helpers import (
     only_run_dir,
     run_script,
     scalars,
-    scripted_rater,
+    rating_by_script,
 )
 
 torch.set_num_threads(1)
@@ -304,17 +303,11 @@ def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(
 
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
     server = label_server()
-    stop, answered = threading.Event(), {}
-    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
-    rater.start()
     args = TINY + f" --feedback human --label-server {server.url} --pretrain-fraction 0.5 --save-model"
-    try:
+    with rating_by_script(server) as answered:
         trainer = subprocess.run(
             [sys.executable, str(SCRIPT), *args.split()], cwd=tmp_path, capture_output=True, text=True, timeout=600
         )
-    finally:
-        stop.set()
-        rater.join(timeout=30)
     assert trainer.returncode == 0, trainer.stdout + trainer.stderr
     assert "labels 15/15 from the initial policy" in trainer.stdout
     labels = np.load(only_run_dir(tmp_path) / "labels.npz")
