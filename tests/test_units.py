@@ -170,6 +170,30 @@ def test_segment_returns_add_the_absorbing_reward_for_each_step_after_a_terminat
         torch.testing.assert_close(ensemble.segment_returns(rl.to_torch(paired)), returns.reshape(3, n // 2, 2))
 
 
+def test_anchoring_the_fallen_state_at_zero_keeps_every_predicted_preference(rng):
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    set_absorbing(ensemble, [-1.5, 0.25, 3.0])
+    length, n = 6, 40
+    segments = make_segments(rng, n, length, real_steps=random_terminations(rng, n, length))
+    obs, act, mask = (torch.as_tensor(segments[k]) for k in ("obs", "act", "mask"))
+    with torch.no_grad():
+        ensemble.fit_normalization(ensemble(obs, act)[:, mask > 0])  # zero mean over the judged steps, as in a run
+    rewards = ensemble.normalized_reward(obs, act).numpy()
+    absorbing = ensemble.normalized_absorbing_reward()
+    assert abs(absorbing) > 0.1  # the zero-mean scale leaves the fall somewhere else than 0
+    shifted, shifted_absorbing = rl.anchor_at_absorbing(rewards, absorbing)
+    assert shifted_absorbing == 0.0
+
+    def returns(step_rewards, absorbing_reward):  # as the preference model sums a segment
+        return (step_rewards * segments["mask"]).sum(-1) + absorbing_reward * (1 - segments["mask"]).sum(-1)
+
+    before, after = returns(rewards, absorbing), returns(shifted, shifted_absorbing)
+    # Bradley-Terry sees only differences of returns: every pair of segments is predicted exactly as before
+    np.testing.assert_allclose(before[:, None] - before[None], after[:, None] - after[None], atol=1e-4)
+    # a step now earns more than falling exactly when the model ranks it above the fallen state
+    np.testing.assert_array_equal(shifted > 0, rewards > absorbing)
+
+
 def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases():
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     with torch.no_grad():
