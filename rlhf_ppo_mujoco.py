@@ -116,8 +116,8 @@ class Args:
     reward_batch_size: int = 64
     """preference pairs per reward-model gradient step"""
     reward_updates: int = 16
-    """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2; 16 keeps it
-    close to the true reward in the first 100k steps, where PPO settles on a gait)"""
+    """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2; 16 rather
+    than 3 so it keeps up in the first 100k steps, where PPO settles on a gait: benchmark/README.md)"""
     reward_eval_every: int = 10
     """iterations between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
