@@ -392,7 +392,7 @@ class Agent(nn.Module):
 # RLHF: the reward model (C17 2.2.3, A.2)
 class ByteDropout(nn.Dropout):
     """nn.Dropout with its mask drawn from random bytes (8 per 64-bit draw), p rounded to a multiple of 1/256
-    (exact for C17's 0.5). PyTorch's CPU dropout draws one random number per element: that was a third of a
+    (exact for C17's 0.5). PyTorch's CPU dropout draws one random number per element: that was a fifth of a
     reward-model step on a CPU (benchmark/README.md)."""
 
     def forward(self, x):
@@ -415,7 +415,7 @@ class RewardNet(nn.Module):
             layers += [nn.Conv2d(channels, 16, kernel, stride), nn.BatchNorm2d(16), ByteDropout(dropout), nn.LeakyReLU(0.01)]
             channels = 16
         self.net = nn.Sequential(*layers, nn.Flatten(), nn.Linear(16 * 7 * 7, 64), nn.LeakyReLU(0.01), nn.Linear(64, 1))
-        self.to(memory_format=torch.channels_last)  # with channels-last input: convolutions about 2x faster on a CPU
+        self.to(memory_format=torch.channels_last)  # with channels-last input: faster convolutions on a CPU
 
     def forward(self, images):
         """(n, 4, 84, 84) float in [0, 1], channels last (RewardEnsemble.forward) -> (n,)"""

@@ -3,6 +3,7 @@ members, forward and backward, one torch thread) for the working tree and for an
 two so both see the same load. Prints the median seconds per step of each and their ratio.
 
     python benchmark/atari_reward_step.py --before 3f6c7fe --repeats 5
+    python benchmark/atari_reward_step.py --before 3f6c7fe --profile   # where one step of each spends its time
 """
 
 import argparse
@@ -51,6 +52,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--segment-len", type=int, default=25)
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler's top operators of one step of each")
     args = parser.parse_args()
     torch.set_num_threads(1)
     old_source = subprocess.run(
@@ -65,6 +67,12 @@ def main():
     times = {name: [] for name in steps}
     for name, step in steps.items():  # warm-up
         step()
+    if args.profile:
+        for name, step in steps.items():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                step()
+            print(f"{name}:\n{profile.key_averages().table(sort_by='self_cpu_time_total', row_limit=8)}")
+        return
     for _ in range(args.repeats):
         for name, step in steps.items():
             start = time.perf_counter()
