@@ -5,6 +5,7 @@ import math
 import os
 import random
 import re
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -1070,6 +1071,8 @@ if __name__ == "__main__":
     val_accuracy = math.nan
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
+    # `kill`, `timeout` or a cluster's scheduler (SIGTERM) stops the run as Ctrl-C does: the checkpoint is written
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):

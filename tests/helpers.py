@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 SCRIPT = Path(__file__).resolve().parents[1] / "rlhf_ppo_mujoco.py"
@@ -24,9 +25,9 @@ def run_script(cwd, args, timeout=300, script=SCRIPT):
     )
 
 
-def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240):
+def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240, sig=signal.SIGINT):
     """Start the script, wait for a stdout line starting with `line_prefix` (or `wait` seconds), then stop it as
-    Ctrl-C would; returns (stdout after that line, stderr)."""
+    Ctrl-C would (or with `sig`); returns (stdout after that line, stderr)."""
     process = subprocess.Popen(
         [sys.executable, str(script), *args.split()],
         cwd=cwd,
@@ -40,8 +41,18 @@ def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240):
     for line in process.stdout:
         if line.startswith(line_prefix) or time.time() > deadline:
             break
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     return process.communicate(timeout=120)
+
+
+def assert_sigterm_stops_like_ctrl_c(cwd, args, script=SCRIPT):
+    """`kill`, `timeout` or a cluster's scheduler stop a run with SIGTERM: it must still write its checkpoint (the
+    periodic one is kept out of the way here), at the last iteration it completed."""
+    out, err = interrupt_run(cwd, args + " --save-model --checkpoint-every 100000", "step ", script=script, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    stopped_at = int(out.split("interrupted at step ")[1].split()[0])
+    checkpoint = torch.load(only_run_dir(cwd) / "checkpoint.pt", weights_only=False)
+    assert 0 < checkpoint["global_step"] <= stopped_at
 
 
 def assert_clear_error(result, message):

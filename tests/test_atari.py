@@ -13,6 +13,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
     assert_clear_error,
@@ -418,6 +419,11 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(label_se
         assert sum(len(mu) for _, _, mu in teacher.poll()) == 3 and teacher.pending == 0
     finally:
         teacher.close()
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 20000")
+    assert_sigterm_stops_like_ctrl_c(tmp_path, args, SCRIPT)
 
 
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):

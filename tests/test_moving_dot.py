@@ -14,6 +14,7 @@ import pytest
 import rlhf_moving_dot as dot
 import torch
 from helpers import (
+    assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
     assert_answers_follow_true_returns,
@@ -317,6 +318,10 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     np.testing.assert_array_equal(labels["mu"], expected)
     status, clip = server.call("GET", f"/clips/{next(iter(answered))}-left")
     assert status == 200 and clip[:4] == b"\x1a\x45\xdf\xa3"  # WebM
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):
+    assert_sigterm_stops_like_ctrl_c(tmp_path, TINY.replace("--total-timesteps 1536", "--total-timesteps 51200"), SCRIPT)
 
 
 def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):

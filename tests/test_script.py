@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
     assert_answers_follow_true_returns,
@@ -55,6 +56,10 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
     assert not (run_dir / "labels.npz").exists()
     # no pretraining rollouts: PPO updates from the first rollout on
     assert logged["losses/policy_loss"][0][0] == 512
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):
+    assert_sigterm_stops_like_ctrl_c(tmp_path, TINY.replace("--total-timesteps 3072", "--total-timesteps 16384"))
 
 
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
