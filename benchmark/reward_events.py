@@ -1,0 +1,87 @@
+"""Does a saved Atari reward model see the points? Plays fresh games with the checkpoint's agent (sampling its actions,
+score area masked as in training), scores every step with the checkpoint's reward ensemble, and prints the learned
+reward around the steps where the game score changed: a reward model that learned the game rates the steps before
+a point won above the rest and the steps before a point lost below them.
+
+Usage (from the repository root):
+  python benchmark/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100]
+The learned reward is shown as z-scores (its mean and std over all the steps played), so runs with different
+normalisations compare. Offsets are in agent steps relative to the step whose action was rewarded.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rlhf_a2c_atari as atari  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--before", type=int, default=10, help="steps before a point in its window")
+    parser.add_argument("--after", type=int, default=2, help="steps after a point in its window")
+    parser.add_argument("--seed", type=int, default=100, help="game seed (not the run's: these are fresh games)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    checkpoint = torch.load(os.path.join(args.run_dir, "checkpoint.pt"), map_location="cpu", weights_only=False)
+    run = checkpoint["args"]
+    if checkpoint["reward_ensemble"] is None:
+        raise SystemExit(f"error: {args.run_dir} is a true-reward run: it has no reward model")
+    env = atari.make_env(run["env"], 0, False, None, run["noop_max"], run["mask_score"])()
+    agent = atari.Agent(env.action_space.n)
+    agent.load_state_dict(checkpoint["agent"])
+    ensemble = atari.RewardEnsemble(run["ensemble_size"], run["reward_dropout"])
+    ensemble.load_state_dict(checkpoint["reward_ensemble"])
+    ensemble.eval()
+    torch.manual_seed(args.seed)
+
+    stacks, scores, games = [], [], 0
+    obs, _ = env.reset(seed=args.seed)
+    for _ in range(args.steps):
+        with torch.no_grad():
+            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs[None]))
+        stacks.append(obs)
+        obs, reward, terminated, truncated, _ = env.step(action.item())
+        scores.append(reward)
+        if terminated or truncated:
+            games += 1
+            obs, _ = env.reset()
+    env.close()
+    with torch.no_grad():
+        learned = torch.cat(
+            [ensemble.normalized_reward(torch.as_tensor(np.stack(stacks[i : i + 500]))) for i in range(0, len(stacks), 500)]
+        ).numpy()
+    z = (learned - learned.mean()) / (learned.std() + 1e-8)
+    scores = np.array(scores)
+
+    print(f"{args.run_dir} at step {checkpoint['global_step']}: {len(scores)} steps, {games} whole games played")
+    offsets = np.arange(-args.before, args.after + 1)
+    rows = {}
+    for name, sign in (("point won", 1), ("point lost", -1)):
+        events = [t for t in np.flatnonzero(np.sign(scores) == sign) if args.before <= t < len(z) - args.after]
+        if not events:
+            print(f"{name}: none in these steps")
+            continue
+        profile = np.stack([z[t + offsets] for t in events])  # (events, offsets)
+        rows[name] = profile.mean(1)
+        print(
+            f"{name}: {len(events)} events, learned reward (z) over offsets {offsets[0]}..{offsets[-1]}: "
+            f"mean {profile.mean():+.2f}"
+        )
+        print("  by offset: " + " ".join(f"{o:+d}:{v:+.2f}" for o, v in zip(offsets, profile.mean(0))))
+    if len(rows) == 2:
+        won, lost = rows["point won"], rows["point lost"]
+        # how often a window before a point won outscores one before a point lost (0.5: the model cannot tell)
+        auc = (won[:, None] > lost[None, :]).mean() + 0.5 * (won[:, None] == lost[None, :]).mean()
+        print(f"windows before a point won outscore those before a point lost in {auc:.2f} of the pairs")
+
+
+if __name__ == "__main__":
+    main()
