@@ -31,9 +31,15 @@ def progress(log_path):
     seconds (NaN when the log has none)."""
     with open(log_path) as log:
         text = log.read()
-    points, wall = PROGRESS.findall(text), WALL.findall(text)
+    kept, wall = [], WALL.findall(text)
+    for step, ret in PROGRESS.findall(text):
+        # a run resumed with `--resume ... >> LOG` starts again at its checkpoint's step: its lines replace the
+        # stopped run's lines from that step on
+        while kept and kept[-1][0] >= int(step):
+            kept.pop()
+        kept.append((int(step), float(ret)))
     wall_s = float(wall[-1]) if wall else np.nan
-    return np.array([int(s) for s, _ in points]), np.array([float(r) for _, r in points]), wall_s
+    return np.array([s for s, _ in kept], dtype=int), np.array([r for _, r in kept]), wall_s
 
 
 def fmt(value):

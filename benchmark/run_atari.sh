@@ -4,7 +4,10 @@
 # memory (/usr/bin/time). Logs: benchmark/logs/{env}__bench_{true,rlhf}__{seed}.log (plot.py reads them).
 # Usage: bash benchmark/run_atari.sh [ENV] [STEPS] [SEEDS...]   (run from the repository root)
 # RLHF_FLAGS="..." adds flags to the RLHF runs (e.g. CPU-sized reward training); SPEED_ONLY=1 stops each RLHF run
-# when its true-reward partner finishes (for the steps/s ratio only); LOGS=DIR writes the logs elsewhere. Then:
+# when its true-reward partner finishes (for the steps/s ratio only); LOGS=DIR writes the logs elsewhere. Runs save
+# checkpoints (also when stopped with kill/Ctrl-C): continue one with
+#   python rlhf_a2c_atari.py --resume runs/NAME >> LOG 2>&1   (its log, less the lines after the checkpoint's step)
+# Then:
 #   python benchmark/atari_speed.py --env ENV      (steps/s ratio per seed and the median; peak memory)
 #   python benchmark/plot.py --env ENV             (curves and table)
 set -euo pipefail
@@ -17,7 +20,7 @@ mkdir -p "$logs"
 name=${env_id//\//-}
 time_it=(/usr/bin/time -f "wall_s %e\npeak_rss_kb %M")
 for seed in $seeds; do  # one pair at a time, so each ratio compares two runs that shared the machine throughout
-  common=(--env "$env_id" --total-timesteps "$steps" --seed "$seed" --threads 1)
+  common=(--env "$env_id" --total-timesteps "$steps" --seed "$seed" --threads 1 --save-model)
   "${time_it[@]}" python rlhf_a2c_atari.py "${common[@]}" --feedback true-reward --exp-name bench_true \
     > "$logs/${name}__bench_true__${seed}.log" 2>&1 &
   true_pid=$!
