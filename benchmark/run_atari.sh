@@ -6,7 +6,7 @@
 # RLHF_FLAGS="..." adds flags to the RLHF runs (e.g. CPU-sized reward training); SPEED_ONLY=1 stops each RLHF run
 # when its true-reward partner finishes (for the steps/s ratio only); LOGS=DIR writes the logs elsewhere. Runs save
 # checkpoints (also when stopped with kill/Ctrl-C): continue one with
-#   python rlhf_a2c_atari.py --resume runs/NAME >> LOG 2>&1   (its log, less the lines after the checkpoint's step)
+#   python rlhf_a2c_atari.py --resume runs/NAME >> LOG 2>&1   (plot.py reads the appended lines in place of the old)
 # Then:
 #   python benchmark/atari_speed.py --env ENV      (steps/s ratio per seed and the median; peak memory)
 #   python benchmark/plot.py --env ENV             (curves and table)
