@@ -1,10 +1,12 @@
 """Does a saved Atari reward model see the points? Plays fresh games with the checkpoint's agent (sampling its actions,
 score area masked as in training), scores every step with the checkpoint's reward ensemble, and prints the learned
 reward around the steps where the game score changed: a reward model that learned the game rates the steps before
-a point won above the rest and the steps before a point lost below them.
+a point won above the rest and the steps before a point lost below them. With --random it also plays as many steps
+with uniformly random actions and compares: has the agent learned to collect more learned reward than random play,
+and did that carry over to the game score?
 
 Usage (from the repository root):
-  python benchmark/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100]
+  python benchmark/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100] [--random]
 The learned reward is shown as z-scores (its mean and std over all the steps played), so runs with different
 normalisations compare. Offsets are in agent steps relative to the step whose action was rewarded.
 """
@@ -27,6 +29,7 @@ def main():
     parser.add_argument("--before", type=int, default=10, help="steps before a point in its window")
     parser.add_argument("--after", type=int, default=2, help="steps after a point in its window")
     parser.add_argument("--seed", type=int, default=100, help="game seed (not the run's: these are fresh games)")
+    parser.add_argument("--random", action="store_true", help="also play uniformly random actions and compare")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -42,24 +45,35 @@ def main():
     ensemble.eval()
     torch.manual_seed(args.seed)
 
-    stacks, scores, games = [], [], 0
-    obs, _ = env.reset(seed=args.seed)
-    for _ in range(args.steps):
+    def play(choose):
+        """`args.steps` steps of fresh games: the learned reward of each step (normalised as A2C saw it in eval mode),
+        the game score, the actions and how many games ended."""
+        stacks, scores, actions, games = [], [], [], 0
+        obs, _ = env.reset(seed=args.seed)
+        for _ in range(args.steps):
+            action = choose(obs)
+            stacks.append(obs)
+            actions.append(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            scores.append(reward)
+            if terminated or truncated:
+                games += 1
+                obs, _ = env.reset()
         with torch.no_grad():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs[None]))
-        stacks.append(obs)
-        obs, reward, terminated, truncated, _ = env.step(action.item())
-        scores.append(reward)
-        if terminated or truncated:
-            games += 1
-            obs, _ = env.reset()
-    env.close()
-    with torch.no_grad():
-        learned = torch.cat(
-            [ensemble.normalized_reward(torch.as_tensor(np.stack(stacks[i : i + 500]))) for i in range(0, len(stacks), 500)]
-        ).numpy()
+            learned = torch.cat(
+                [
+                    ensemble.normalized_reward(torch.as_tensor(np.stack(stacks[i : i + 500])))
+                    for i in range(0, len(stacks), 500)
+                ]
+            ).numpy()
+        return learned, np.array(scores), np.array(actions), games
+
+    def agent_action(obs):
+        with torch.no_grad():
+            return agent.get_action_and_value(torch.as_tensor(obs[None]))[0].item()
+
+    learned, scores, actions, games = play(agent_action)
     z = (learned - learned.mean()) / (learned.std() + 1e-8)
-    scores = np.array(scores)
 
     print(f"{args.run_dir} at step {checkpoint['global_step']}: {len(scores)} steps, {games} whole games played")
     offsets = np.arange(-args.before, args.after + 1)
@@ -81,6 +95,22 @@ def main():
         # how often a window before a point won outscores one before a point lost (0.5: the model cannot tell)
         auc = (won[:, None] > lost[None, :]).mean() + 0.5 * (won[:, None] == lost[None, :]).mean()
         print(f"windows before a point won outscore those before a point lost in {auc:.2f} of the pairs")
+
+    if args.random:
+        rng = np.random.default_rng(args.seed)
+        random_learned, random_scores, _, _ = play(lambda obs: int(rng.integers(env.action_space.n)))
+        # both policies' learned reward in standard deviations of random play's (the reward model's scale is arbitrary)
+        center, scale = random_learned.mean(), random_learned.std() + 1e-8
+        print(f"agent against uniformly random actions, {args.steps} steps each (learned reward in random play's z):")
+        for name, rewards, points in (("agent", learned, scores), ("random", random_learned, random_scores)):
+            print(
+                f"  {name}: learned reward per step {(rewards.mean() - center) / scale:+.3f}, points won / lost per 1000 "
+                f"steps {(points > 0).sum() * 1000 / len(points):.1f} / {(points < 0).sum() * 1000 / len(points):.1f}"
+            )
+        share = np.bincount(actions, minlength=env.action_space.n) / len(actions)
+        meanings = env.unwrapped.get_action_meanings()
+        print("  the agent's actions: " + ", ".join(f"{m} {p:.2f}" for m, p in zip(meanings, share)))
+    env.close()
 
 
 if __name__ == "__main__":
