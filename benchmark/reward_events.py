@@ -3,10 +3,12 @@ score area masked as in training), scores every step with the checkpoint's rewar
 reward around the steps where the game score changed: a reward model that learned the game rates the steps before
 a point won above the rest and the steps before a point lost below them. With --random it also plays as many steps
 with uniformly random actions and compares: has the agent learned to collect more learned reward than random play,
-and did that carry over to the game score?
+and did that carry over to the game score? With --pong-tracker (Pong only) it adds a scripted player that moves its
+paddle towards the ball (read from the console's RAM): play clearly better than random, which a learned reward that
+captured the game rates above random play.
 
 Usage (from the repository root):
-  python benchmark/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100] [--random]
+  python benchmark/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100] [--random] [--pong-tracker]
 The learned reward is shown as z-scores (its mean and std over all the steps played), so runs with different
 normalisations compare. Offsets are in agent steps relative to the step whose action was rewarded.
 """
@@ -30,7 +32,10 @@ def main():
     parser.add_argument("--after", type=int, default=2, help="steps after a point in its window")
     parser.add_argument("--seed", type=int, default=100, help="game seed (not the run's: these are fresh games)")
     parser.add_argument("--random", action="store_true", help="also play uniformly random actions and compare")
+    parser.add_argument("--pong-tracker", action="store_true", help="with --random: also a scripted ball tracker (Pong)")
     args = parser.parse_args()
+    if args.pong_tracker and not args.random:
+        parser.error("--pong-tracker is compared with random play: add --random")
     torch.set_num_threads(1)
 
     checkpoint = torch.load(os.path.join(args.run_dir, "checkpoint.pt"), map_location="cpu", weights_only=False)
@@ -38,6 +43,8 @@ def main():
     if checkpoint["reward_ensemble"] is None:
         raise SystemExit(f"error: {args.run_dir} is a true-reward run: it has no reward model")
     env = atari.make_env(run["env"], 0, False, None, run["noop_max"], run["mask_score"])()
+    if args.pong_tracker and atari.atari_game(run["env"]) != "pong":
+        raise SystemExit(f"error: --pong-tracker plays Pong; {args.run_dir} is a {run['env']} run")
     agent = atari.Agent(env.action_space.n)
     agent.load_state_dict(checkpoint["agent"])
     ensemble = atari.RewardEnsemble(run["ensemble_size"], run["reward_dropout"])
@@ -72,6 +79,12 @@ def main():
         with torch.no_grad():
             return agent.get_action_and_value(torch.as_tensor(obs[None]))[0].item()
 
+    def pong_tracker(obs):
+        """Up or down towards the ball, still within 4 pixels of it (RAM 51: the agent's paddle, 54: the ball's row)."""
+        ram = env.unwrapped.ale.getRAM()
+        gap = int(ram[54]) - int(ram[51])
+        return 3 if gap > 4 else 2 if gap < -4 else 0  # Pong's LEFT moves the paddle down, RIGHT up
+
     learned, scores, actions, games = play(agent_action)
     z = (learned - learned.mean()) / (learned.std() + 1e-8)
 
@@ -101,8 +114,11 @@ def main():
         random_learned, random_scores, _, _ = play(lambda obs: int(rng.integers(env.action_space.n)))
         # both policies' learned reward in standard deviations of random play's (the reward model's scale is arbitrary)
         center, scale = random_learned.mean(), random_learned.std() + 1e-8
+        rows = [("agent", learned, scores), ("random", random_learned, random_scores)]
+        if args.pong_tracker:
+            rows.append(("tracker", *play(pong_tracker)[:2]))
         print(f"agent against uniformly random actions, {args.steps} steps each (learned reward in random play's z):")
-        for name, rewards, points in (("agent", learned, scores), ("random", random_learned, random_scores)):
+        for name, rewards, points in rows:
             print(
                 f"  {name}: learned reward per step {(rewards.mean() - center) / scale:+.3f}, points won / lost per 1000 "
                 f"steps {(points > 0).sum() * 1000 / len(points):.1f} / {(points < 0).sum() * 1000 / len(points):.1f}"
