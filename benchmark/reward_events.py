@@ -80,7 +80,7 @@ def main():
             return agent.get_action_and_value(torch.as_tensor(obs[None]))[0].item()
 
     def pong_tracker(obs):
-        """Up or down towards the ball, still within 4 pixels of it (RAM 51: the agent's paddle, 54: the ball's row)."""
+        """Up or down towards the ball; no move within 4 rows of it (RAM 51: the agent's paddle, 54: the ball's row)."""
         ram = env.unwrapped.ale.getRAM()
         gap = int(ram[54]) - int(ram[51])
         return 3 if gap > 4 else 2 if gap < -4 else 0  # Pong's LEFT moves the paddle down, RIGHT up
