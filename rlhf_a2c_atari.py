@@ -131,6 +131,10 @@ class Args:
     """labels (most recent) the validation pass scores"""
     reward_dropout: float = 0.5
     """dropout of the reward model's convolutions (C17 A.2: 0.5)"""
+    frozen_reward: Optional[str] = None
+    """a run folder `runs/{run_name}` saved with --save-model: A2C optimises that run's reward model as it was saved,
+    frozen: no labels, no reward training (C17 3.3's offline fitting; a test of whether A2C can climb a fixed learned
+    reward). Needs --feedback synthetic, the default; its teacher is never asked."""
     reward_std: float = 0.05
     """standard deviation of the normalised learned reward given to A2C (C17 A.2: 0.05)"""
     reward_normalization: Literal["policy", "judged"] = "policy"
@@ -307,14 +311,20 @@ def validate_args(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
     args.iterations_per_round = args.round_steps // args.num_steps
     rlhf = args.feedback != "true-reward"
-    pretrain_rounds = math.ceil(args.pretrain_steps / (args.num_envs * args.round_steps)) if rlhf else 0
+    if args.frozen_reward is not None and args.feedback != "synthetic":
+        raise SystemExit(
+            f"error: --frozen-reward takes its reward model from a saved run and asks no labels; "
+            f"it cannot be combined with --feedback {args.feedback}"
+        )
+    labelling = rlhf and args.frozen_reward is None  # RLHF with labels: pretraining rounds, the label schedule
+    pretrain_rounds = math.ceil(args.pretrain_steps / (args.num_envs * args.round_steps)) if labelling else 0
     args.pretrain_iterations = pretrain_rounds * args.iterations_per_round
     if args.num_iterations <= args.pretrain_iterations:
         raise SystemExit(
             f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations * args.batch_size} "
             f"pretraining steps (--pretrain-steps rounded up to whole label rounds of {args.num_envs} x {args.round_steps})"
         )
-    if not rlhf:
+    if not labelling:
         return
     if args.feedback == "human":
         if not args.label_server.startswith(("http://", "https://")):
@@ -1010,6 +1020,16 @@ if __name__ == "__main__":
         run_dir = f"runs/{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     validate_args(args)
     rlhf = args.feedback != "true-reward"
+    frozen = args.frozen_reward is not None  # RLHF on a saved run's reward model, unchanged (see Args)
+    if frozen and checkpoint is None:
+        source_path = os.path.join(args.frozen_reward, "checkpoint.pt")
+        if not os.path.isfile(source_path):
+            raise SystemExit(f"error: no checkpoint at {source_path} (--frozen-reward needs a run saved with --save-model)")
+        source = torch.load(source_path, map_location="cpu", weights_only=False)
+        if source.get("reward_ensemble") is None:
+            raise SystemExit(f"error: {source_path} has no reward model (a --feedback true-reward run)")
+        # the ensemble is rebuilt as that run built it
+        args.ensemble_size, args.reward_dropout = source["args"]["ensemble_size"], source["args"]["reward_dropout"]
     os.makedirs(run_dir, exist_ok=True)
     writer = SummaryWriter(run_dir)
     writer.add_text(
@@ -1040,14 +1060,28 @@ if __name__ == "__main__":
     # RLHF: reward ensemble, labels and teacher
     ensemble = reward_optimizer = buffer = teacher = None
     l2_coef = torch.full((args.ensemble_size,), 1e-4, device=device)
-    schedule = label_schedule(args) if rlhf else None
+    schedule = label_schedule(args) if rlhf and not frozen else None
     labels_dir = f"{run_dir}/labels"
     pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
     if rlhf:
         ensemble = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
         reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
         buffer = LabelBuffer(args.label_buffer, args.segment_len, args.ensemble_size, rng)
-    if args.feedback == "synthetic":
+    if frozen and checkpoint is None:
+        ensemble.load_state_dict(source["reward_ensemble"])
+        # its normalisation dates from that run's last validation pass, and the members kept training after it:
+        # refit it on the run's latest labels, as a validation pass at the checkpoint would have
+        latest = LabelBuffer(args.reward_eval_labels, source["args"]["segment_len"], args.ensemble_size, rng)
+        load_labels(f"{args.frozen_reward}/labels", latest)
+        if latest.size:
+            ensemble.fit_normalization(
+                label_step_rewards(ensemble, latest.get(np.arange(latest.size))).flatten(1), args.reward_std
+            )
+        print(
+            f"frozen reward model of {args.frozen_reward} (saved at step {source['global_step']}; normalisation refit on "
+            f"its latest {latest.size} labels): no labels are asked"
+        )
+    if args.feedback == "synthetic" and not frozen:
         teacher = SyntheticTeacher(
             rng,
             args.teacher_beta,
@@ -1112,6 +1146,7 @@ if __name__ == "__main__":
     next_obs = torch.as_tensor(next_obs).to(device)
     game_starts = np.ones(args.num_envs, bool)  # RLHF: which environments show the first frame of a game
     recent_returns, recent_predicted = [], []
+    learned_z = []  # RLHF: the policy's mean learned reward per step since the last log line (see the log below)
     policy_normalizer = RecentRewardNormalizer(args.reward_norm_window, args.reward_std)  # RLHF: see Args
     reward_steps = 0  # RLHF: reward-model gradient steps so far, and the latest validation figures
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
@@ -1152,7 +1187,7 @@ if __name__ == "__main__":
                         writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
                 next_obs = torch.as_tensor(next_obs_np).to(device)
 
-            if rlhf and iteration % args.iterations_per_round == 0:
+            if rlhf and not frozen and iteration % args.iterations_per_round == 0:
                 # RLHF: a label round: this round's share of the budget (C17 A.2 schedule, 2.2.4 selection)
                 label_round = iteration // args.iterations_per_round - 1
                 # the schedule's total so far, less what is answered or waiting (a resumed round asks nothing twice)
@@ -1211,7 +1246,7 @@ if __name__ == "__main__":
                 continue
 
             # RLHF: the reward model keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
-            if rlhf and iteration % args.reward_train_every == 0:
+            if rlhf and not frozen and iteration % args.reward_train_every == 0:
                 train_reward_model(
                     ensemble, reward_optimizer, buffer, l2_coef, 1, args.reward_batch_size, args.label_noise, rng
                 )
@@ -1225,6 +1260,7 @@ if __name__ == "__main__":
             # RLHF: the reward A2C optimises, for the whole rollout in one batched call
             if rlhf:
                 rewards_np = ensemble.normalized_reward(obs).cpu().numpy()
+                learned_z.append(rewards_np.mean() / args.reward_std)  # on the labelled clips' scale, for the log
                 if args.reward_normalization == "policy":
                     rewards_np = policy_normalizer(rewards_np)
                 for t in range(args.num_steps):  # predicted score of whole games, next to the true one
@@ -1283,12 +1319,21 @@ if __name__ == "__main__":
                     writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
                     writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
                     writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+                    # the policy's learned reward per step in std of the labelled clips' (the normalisation of the
+                    # latest validation pass, before the policy normalisation): with --frozen-reward a fixed measure
+                    # of how far A2C has climbed the learned reward
+                    writer.add_scalar("reward_model/policy_reward_z", np.mean(learned_z), global_step)
                     writer.add_scalar("labels/total", buffer.total, global_step)
                     writer.add_scalar("labels/buffer", buffer.size, global_step)
-                    writer.add_scalar("labels/pending", teacher.pending, global_step)
+                    writer.add_scalar("labels/pending", teacher.pending if teacher else 0, global_step)
                     if recent_predicted:
                         line += f", predicted return {np.mean(recent_predicted[-10:]):.2f}"
-                    line += f", labels {buffer.total}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
+                    line += f", learned reward z {np.mean(learned_z):+.3f}"
+                    if frozen:
+                        line += f", frozen reward model, corr {correlation:.2f}"
+                    else:
+                        line += f", labels {buffer.total}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
+                    learned_z = []
                 print(line)
                 recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
 
@@ -1298,7 +1343,7 @@ if __name__ == "__main__":
         print(f"interrupted at step {global_step}")
     finally:
         # nothing is lost when a run stops: labels are saved as they arrive, the checkpoint with --save-model
-        if rlhf:
+        if rlhf and not frozen:
             print(f"{buffer.total} labels saved in {labels_dir}/")
             if args.feedback == "human":
                 teacher.close()

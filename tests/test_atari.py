@@ -362,9 +362,42 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert -21 <= score <= -15  # a whole game of a barely trained agent
 
 
+def test_frozen_reward_run_optimises_a_saved_reward_model_unchanged_and_asks_no_labels(tmp_path):
+    source = run_atari(tmp_path, TINY + " --save-model")
+    assert source.returncode == 0, source.stderr
+    source_dir = only_run_dir(tmp_path)
+    # a normalisation as stale as a long run's can be (fit at a validation pass, the members trained on since)
+    checkpoint = torch.load(source_dir / "checkpoint.pt", weights_only=False)
+    checkpoint["reward_ensemble"]["ensemble_mean"] += 7.0
+    checkpoint["reward_ensemble"]["member_std"] *= 3.0
+    torch.save(checkpoint, source_dir / "checkpoint.pt")
+    (tmp_path / "frozen").mkdir()
+    result = run_atari(tmp_path / "frozen", TINY + f" --frozen-reward {source_dir} --save-model")
+    assert result.returncode == 0, result.stderr
+    assert "normalisation refit on its latest 8 labels): no labels are asked" in result.stdout
+    run_dir = only_run_dir(tmp_path / "frozen")
+    assert not (run_dir / "labels").exists()
+    logged = scalars(run_dir)
+    assert logged["losses/policy_loss"][0][0] == 100  # no pretraining: A2C updates from the first iteration on
+    assert all(np.isfinite(z) for _, z in logged["reward_model/policy_reward_z"])
+    saved = torch.load(source_dir / "checkpoint.pt", weights_only=False)["reward_ensemble"]
+    frozen = torch.load(run_dir / "checkpoint.pt", weights_only=False)["reward_ensemble"]
+    for key, value in saved.items():
+        if key.startswith("members."):  # the networks (batch norm statistics included) as saved, not trained
+            torch.testing.assert_close(frozen[key], value, rtol=0, atol=0)
+    # the normalisation was refit on the source's latest labels: their steps get zero mean and --reward-std
+    ensemble = atari.RewardEnsemble()
+    ensemble.load_state_dict(frozen)
+    buffer = atari.LabelBuffer(8, 5, 3, np.random.default_rng(0))
+    atari.load_labels(source_dir / "labels", buffer)
+    stacks = torch.as_tensor(atari.segment_stacks(buffer.get(np.arange(8))["frames"]))
+    reward = ensemble.eval().normalized_reward(stacks)
+    assert abs(reward.mean().item()) < 1e-4 and reward.std().item() == pytest.approx(0.05, rel=1e-3)
+
+
 def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2400")  # 1200 steps per env: a whole game
-    result = run_atari(tmp_path, args + " --feedback true-reward --capture-video --env ALE/Pong-v5")
+    result = run_atari(tmp_path, args + " --feedback true-reward --capture-video --env ALE/Pong-v5 --save-model")
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     assert run_dir.name.startswith("ALE-Pong-v5__")
@@ -376,6 +409,7 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     frames = imageio.mimread(run_dir / "videos" / "episode-0.mp4", memtest=False)
     assert len(frames) > 100 and frames[0].shape == (210, 160, 3)
     assert frames[5][:20].std() > 0  # the video is what people watch: in colour, score included
+    assert_clear_error(run_atari(tmp_path, f"--frozen-reward {run_dir}"), "has no reward model (a --feedback true-reward run)")
 
 
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
@@ -450,6 +484,7 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
         ("--env Pongg-v5", "unknown Atari environment id 'Pongg-v5'"),
         ("--eval-only", "--eval-only needs --resume"),
         ("--resume runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt"),
+        ("--frozen-reward runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt (--frozen-reward needs"),
     ],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
@@ -468,6 +503,7 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
         ({"total_timesteps": 20000}, "leaves no RL after 25600 pretraining steps"),
         ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),
         ({"reward_norm_window": 0}, "--reward-norm-window and --reward-std must be positive"),
+        ({"frozen_reward": "runs/a", "feedback": "human"}, "it cannot be combined with --feedback human"),
     ],
 )
 def test_impossible_settings_are_refused_with_a_message(settings, message):
