@@ -137,6 +137,10 @@ class Args:
     reward). Needs --feedback synthetic, the default; its teacher is never asked."""
     reward_std: float = 0.05
     """standard deviation of the normalised learned reward given to A2C (C17 A.2: 0.05)"""
+    pin_reward_level: bool = True
+    """keep the learned reward's level across reward-model updates: after each update (and validation pass) the
+    rewards of the current rollout keep the mean they had before it. The preference loss leaves the level free and an
+    update moves it by about a standard deviation (benchmark/README.md), which A2C reads as a change of every return"""
     reward_normalization: Literal["policy", "judged"] = "policy"
     """over which steps the learned reward gets its zero mean and --reward-std (C17 2.2.1 does not say): the rewards
     A2C received in the latest --reward-norm-window iterations (as mrahtz's reproduction; keeps the scale when the
@@ -969,6 +973,13 @@ def evaluate_reward_model(ensemble, buffer, count, label_noise, target_std):
     return train_loss, val_loss, val_accuracy
 
 
+@torch.no_grad()
+def pin_level(ensemble, stacks, before):
+    """Shift the ensemble's output so that `stacks` (the current rollout) get the same mean normalised reward as
+    `before` (theirs before a reward-model update): the update may change what the reward prefers, not its level."""
+    ensemble.ensemble_mean += (ensemble.normalized_reward(stacks).mean() - before.mean()) * ensemble.ensemble_std
+
+
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
     loss, no held-out label yet, leaves the coefficient as it is)."""
@@ -1247,6 +1258,7 @@ if __name__ == "__main__":
 
             # RLHF: the reward model keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
             if rlhf and not frozen and iteration % args.reward_train_every == 0:
+                before = ensemble.normalized_reward(obs) if args.pin_reward_level else None
                 train_reward_model(
                     ensemble, reward_optimizer, buffer, l2_coef, 1, args.reward_batch_size, args.label_noise, rng
                 )
@@ -1256,6 +1268,8 @@ if __name__ == "__main__":
                         ensemble, buffer, args.reward_eval_labels, args.label_noise, args.reward_std
                     )
                     l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                if args.pin_reward_level:
+                    pin_level(ensemble, obs, before)
 
             # RLHF: the reward A2C optimises, for the whole rollout in one batched call
             if rlhf:

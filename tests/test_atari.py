@@ -300,6 +300,29 @@ def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
     assert abs(rewards.mean().item()) < 0.03 and 0.03 < rewards.std().item() < 0.08  # C17 A.2: standard deviation 0.05
 
 
+def test_pinning_keeps_the_rollouts_mean_reward_through_an_update_and_changes_nothing_else():
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    teacher = atari.SyntheticTeacher(rng)
+    buffer = atari.LabelBuffer(64, 1, 3, rng)
+    teacher.ask(block_frames(rng, 64, 1), block_frames(rng, 64, 1))
+    buffer.add(*teacher.poll()[0])
+    ensemble = atari.RewardEnsemble(3)
+    optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
+    l2 = torch.full((3,), 1e-4)
+    atari.train_reward_model(ensemble, optimizer, buffer, l2, 10, 16, 0.1, rng)
+    atari.evaluate_reward_model(ensemble, buffer, 64, 0.1, 0.05)
+    rollout = torch.as_tensor(atari.segment_stacks(block_frames(rng, 80, 1)["frames"]))[:, 0]  # (80, 4, 84, 84)
+    before = ensemble.normalized_reward(rollout)
+    atari.train_reward_model(ensemble, optimizer, buffer, l2, 3, 16, 0.1, rng)  # a few updates (batch norm included)
+    moved = ensemble.normalized_reward(rollout)
+    assert abs(moved.mean() - before.mean()) > 0.01  # unpinned, the level moves (std 0.05)
+    atari.pin_level(ensemble, rollout, before)
+    pinned = ensemble.normalized_reward(rollout)
+    assert pinned.mean().item() == pytest.approx(before.mean().item(), abs=1e-6)
+    torch.testing.assert_close(pinned - pinned.mean(), moved - moved.mean())  # what the update learned stays
+
+
 def test_label_buffer_keeps_the_latest_labels_and_saved_batches_reload_as_they_were(tmp_path):
     rng = np.random.default_rng(0)
     buffer = atari.LabelBuffer(5, 2, 3, rng)
