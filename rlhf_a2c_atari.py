@@ -140,7 +140,7 @@ class Args:
     pin_reward_level: bool = True
     """keep the learned reward's level across reward-model updates: after each update (and validation pass) the
     rewards of the current rollout keep the mean they had before it. The preference loss leaves the level free and an
-    update moves it by about a standard deviation (benchmark/README.md), which A2C reads as a change of every return"""
+    update moved it by up to 3 standard deviations (benchmark/README.md), which A2C reads as a change of every return"""
     reward_normalization: Literal["policy", "judged"] = "policy"
     """over which steps the learned reward gets its zero mean and --reward-std (C17 2.2.1 does not say): the rewards
     A2C received in the latest --reward-norm-window iterations (as mrahtz's reproduction; keeps the scale when the
@@ -1333,9 +1333,9 @@ if __name__ == "__main__":
                     writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
                     writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
                     writer.add_scalar("reward_model/true_correlation", correlation, global_step)
-                    # the policy's learned reward per step in std of the labelled clips' (the normalisation of the
-                    # latest validation pass, before the policy normalisation): with --frozen-reward a fixed measure
-                    # of how far A2C has climbed the learned reward
+                    # the policy's learned reward per step over --reward-std, before the policy normalisation. With
+                    # --frozen-reward: in std of the labelled clips' rewards, a fixed yardstick of how far A2C has
+                    # climbed. With --pin-reward-level (online) updates keep the level, so only its changes count.
                     writer.add_scalar("reward_model/policy_reward_z", np.mean(learned_z), global_step)
                     writer.add_scalar("labels/total", buffer.total, global_step)
                     writer.add_scalar("labels/buffer", buffer.size, global_step)
