@@ -1274,7 +1274,7 @@ if __name__ == "__main__":
             # RLHF: the reward A2C optimises, for the whole rollout in one batched call
             if rlhf:
                 rewards_np = ensemble.normalized_reward(obs).cpu().numpy()
-                learned_z.append(rewards_np.mean() / args.reward_std)  # on the labelled clips' scale, for the log
+                learned_z.append(rewards_np.mean() / args.reward_std)  # for the log (see reward_model/policy_reward_z)
                 if args.reward_normalization == "policy":
                     rewards_np = policy_normalizer(rewards_np)
                 for t in range(args.num_steps):  # predicted score of whole games, next to the true one
