@@ -277,17 +277,23 @@ def block_frames(rng, count, length):
     return {"frames": frames, "act": np.zeros((count, length), np.int64), "true_reward": (rows[:, 3:] < 34).astype(np.float32)}
 
 
-def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
+def block_preferences(count, members):
+    """`count` one-step block_frames pairs labelled by the synthetic teacher, and a fresh ensemble to fit them:
+    (rng, buffer, ensemble, Adam optimizer, L2 coefficients)."""
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     teacher = atari.SyntheticTeacher(rng)
-    buffer = atari.LabelBuffer(400, 1, 1, rng)  # one-step segments and one member keep this test quick on a CPU
-    left, right = block_frames(rng, 400, 1), block_frames(rng, 400, 1)
-    teacher.ask(left, right)
+    buffer = atari.LabelBuffer(count, 1, members, rng)
+    teacher.ask(block_frames(rng, count, 1), block_frames(rng, count, 1))
     buffer.add(*teacher.poll()[0])
-    ensemble = atari.RewardEnsemble(1)
+    ensemble = atari.RewardEnsemble(members)
     optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
-    l2 = torch.full((1,), 1e-4)
+    return rng, buffer, ensemble, optimizer, torch.full((members,), 1e-4)
+
+
+def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
+    # one-step segments and one member keep this test quick on a CPU
+    rng, buffer, ensemble, optimizer, l2 = block_preferences(400, members=1)
     atari.train_reward_model(ensemble, optimizer, buffer, l2, 150, 32, 0.1, rng)
     train_loss, val_loss, val_accuracy = atari.evaluate_reward_model(ensemble, buffer, 400, 0.1, 0.05)
     # on fresh pairs with different scores the model orders them as the teacher would
@@ -301,15 +307,7 @@ def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
 
 
 def test_pinning_keeps_the_rollouts_mean_reward_through_an_update_and_changes_nothing_else():
-    rng = np.random.default_rng(0)
-    torch.manual_seed(0)
-    teacher = atari.SyntheticTeacher(rng)
-    buffer = atari.LabelBuffer(64, 1, 3, rng)
-    teacher.ask(block_frames(rng, 64, 1), block_frames(rng, 64, 1))
-    buffer.add(*teacher.poll()[0])
-    ensemble = atari.RewardEnsemble(3)
-    optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
-    l2 = torch.full((3,), 1e-4)
+    rng, buffer, ensemble, optimizer, l2 = block_preferences(64, members=3)
     atari.train_reward_model(ensemble, optimizer, buffer, l2, 10, 16, 0.1, rng)
     atari.evaluate_reward_model(ensemble, buffer, 64, 0.1, 0.05)
     rollout = torch.as_tensor(atari.segment_stacks(block_frames(rng, 80, 1)["frames"]))[:, 0]  # (80, 4, 84, 84)
