@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -123,8 +124,9 @@ class Args:
     reward_batch_size: int = 16
     """preference pairs per reward-model gradient step (each pair is 2 x 25 frame stacks)"""
     reward_train_every: int = 8
-    """A2C iterations between reward-model gradient steps during RL (C17 trains it in parallel; on a CPU it costs
-    about as much as A2C itself, so it trains between rollouts at this rate)"""
+    """A2C iterations per reward-model gradient step during RL: C17 trains it in parallel with RL; here a thread
+    takes each step while A2C runs this many iterations, and A2C waits for it if it is not done by then (on a CPU a
+    step costs more than 8 iterations: a larger value trades reward-model training for speed)"""
     reward_eval_every: int = 50
     """reward-model gradient steps between validation passes (losses, accuracy, L2 adaptation, normalisation)"""
     reward_eval_labels: int = 256
@@ -422,13 +424,18 @@ class Agent(nn.Module):
 class ByteDropout(nn.Dropout):
     """nn.Dropout with its mask drawn from random bytes (8 per 64-bit draw), p rounded to a multiple of 1/256
     (exact for C17's 0.5). PyTorch's CPU dropout draws one random number per element: that was a fifth of a
-    reward-model step on a CPU (benchmark/README.md)."""
+    reward-model step on a CPU (benchmark/README.md). `generator`: its own random stream (the reward model trains in
+    a thread of its own, and the global one would then be drawn from in an order that changes from run to run)."""
+
+    generator = None
 
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
         n, dropped = x.numel(), round(self.p * 256)
-        draws = torch.randint(-(2**63), 2**63 - 1, ((n + 7) // 8,), dtype=torch.int64, device=x.device)
+        draws = torch.randint(
+            -(2**63), 2**63 - 1, ((n + 7) // 8,), dtype=torch.int64, device=x.device, generator=self.generator
+        )
         keep = draws.view(torch.uint8)[:n].as_strided(x.shape, x.stride()) >= dropped  # the same layout as x
         return x * keep.to(x.dtype).mul_(256 / (256 - dropped))
 
@@ -934,30 +941,46 @@ def label_step_rewards(ensemble, labels, chunk=32):
 
 
 def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
-    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
-    if buffer.size == 0:
-        return
+    """`steps` Adam steps on random minibatches of labels."""
+    for _ in range(steps if buffer.size else 0):
+        reward_step(
+            ensemble, optimizer, buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size))), l2_coef, label_noise
+        )
+
+
+def reward_step(ensemble, optimizer, batch, l2_coef, label_noise):
+    """One Adam step on a minibatch of labels (from LabelBuffer.get); each member's loss uses its own bootstrap
+    weights."""
     ensemble.train()  # batch norm on the batch's statistics, dropout on
-    for _ in range(steps):
-        batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
-        returns = segment_returns(ensemble, batch)  # (members, batch, 2)
-        mu = torch.as_tensor(batch["mu"], device=ensemble.device)
-        losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
-        weight = torch.as_tensor(batch["weight"], device=ensemble.device).T  # (members, batch)
-        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    returns = segment_returns(ensemble, batch)  # (members, batch, 2)
+    mu = torch.as_tensor(batch["mu"], device=ensemble.device)
+    losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
+    weight = torch.as_tensor(batch["weight"], device=ensemble.device).T  # (members, batch)
+    member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+    loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
     ensemble.eval()
 
 
-@torch.no_grad()
+def fit_step(ensemble, optimizer, batch, l2_coef, label_noise, held_out, target_std):
+    """What the reward thread does each time: one reward_step, then, if `held_out` labels are given, the validation
+    pass on them (score_labels)."""
+    reward_step(ensemble, optimizer, batch, l2_coef, label_noise)
+    return None if held_out is None else score_labels(ensemble, held_out, label_noise, target_std)
+
+
 def evaluate_reward_model(ensemble, buffer, count, label_noise, target_std):
     """On the `count` most recent labels: training and validation loss of each member on its own split, and the
     share of held-out strict preferences each member orders correctly (averaged over members). Also refits the
     reward normalisation on the steps of those labels."""
-    labels = buffer.get(buffer.latest(count))
+    return score_labels(ensemble, buffer.get(buffer.latest(count)), label_noise, target_std)
+
+
+@torch.no_grad()
+def score_labels(ensemble, labels, label_noise, target_std):
+    """evaluate_reward_model on given labels (from LabelBuffer.get)."""
     step_rewards = label_step_rewards(ensemble, labels)  # (members, labels, 2, L)
     returns = step_rewards.sum(-1)
     mu = torch.as_tensor(labels["mu"], device=ensemble.device)
@@ -1069,17 +1092,25 @@ if __name__ == "__main__":
     optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
     # RLHF: reward ensemble, labels and teacher
-    ensemble = reward_optimizer = buffer = teacher = None
+    ensemble = fitting = reward_optimizer = buffer = teacher = None
     l2_coef = torch.full((args.ensemble_size,), 1e-4, device=device)
     schedule = label_schedule(args) if rlhf and not frozen else None
     labels_dir = f"{run_dir}/labels"
     pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
     if rlhf:
+        # two copies of the reward model: `ensemble` gives A2C its rewards and scores candidate pairs, `fitting`
+        # trains, in a thread of its own during RL (see "the reward model keeps training" below)
         ensemble = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
-        reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+        fitting = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
+        fitting.load_state_dict(ensemble.state_dict())
+        fitting_rng = torch.Generator(device).manual_seed(args.seed)  # its dropout's own random stream
+        for module in fitting.modules():
+            if isinstance(module, ByteDropout):
+                module.generator = fitting_rng
+        reward_optimizer = optim.Adam(fitting.parameters(), lr=args.reward_lr)
         buffer = LabelBuffer(args.label_buffer, args.segment_len, args.ensemble_size, rng)
     if frozen and checkpoint is None:
-        ensemble.load_state_dict(source["reward_ensemble"])
+        ensemble.load_state_dict(source["reward_ensemble"])  # the model that run's A2C used last
         # its normalisation dates from that run's last validation pass, and the members kept training after it:
         # refit it on the run's latest labels, as a validation pass at the checkpoint would have
         latest = LabelBuffer(args.reward_eval_labels, source["args"]["segment_len"], args.ensemble_size, rng)
@@ -1115,6 +1146,7 @@ if __name__ == "__main__":
         optimizer.load_state_dict(checkpoint["optimizer"])
         if rlhf:
             ensemble.load_state_dict(checkpoint["reward_ensemble"])
+            fitting.load_state_dict(checkpoint.get("reward_fitting") or checkpoint["reward_ensemble"])
             reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
             l2_coef = checkpoint["l2_coef"].to(device)
             load_labels(labels_dir, buffer)
@@ -1135,11 +1167,14 @@ if __name__ == "__main__":
 
     def save_checkpoint():
         """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
+        if reward_job is not None:
+            wait([reward_job])  # the reward thread's step in progress (its error, if any, is raised where RL waits)
         state = {
             "args": vars(args),
             "agent": agent.state_dict(),
             "optimizer": optimizer.state_dict(),
-            "reward_ensemble": ensemble.state_dict() if rlhf else None,
+            "reward_ensemble": ensemble.state_dict() if rlhf else None,  # the one A2C uses
+            "reward_fitting": fitting.state_dict() if rlhf else None,  # the one that trains, with reward_optimizer
             "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
             "l2_coef": l2_coef,
             "global_step": completed_step,
@@ -1160,6 +1195,8 @@ if __name__ == "__main__":
     learned_z = []  # RLHF: the policy's mean learned reward per step since the last log line (see the log below)
     policy_normalizer = RecentRewardNormalizer(args.reward_norm_window, args.reward_std)  # RLHF: see Args
     reward_steps = 0  # RLHF: reward-model gradient steps so far, and the latest validation figures
+    reward_thread = ThreadPoolExecutor(1, "reward-fit") if rlhf and not frozen else None
+    reward_job = None  # RLHF: the reward thread's latest step (a Future)
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
     val_accuracy = math.nan
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
@@ -1221,7 +1258,7 @@ if __name__ == "__main__":
                     epoch_steps, fit_start = math.ceil(buffer.size / args.reward_batch_size), time.time()
                     for epoch in range(1, args.pretrain_epochs + 1):
                         train_reward_model(
-                            ensemble,
+                            fitting,
                             reward_optimizer,
                             buffer,
                             l2_coef,
@@ -1238,7 +1275,7 @@ if __name__ == "__main__":
                         )
                         if epoch % 10 == 0 or epoch == args.pretrain_epochs:
                             train_loss, val_loss, val_accuracy = evaluate_reward_model(
-                                ensemble, buffer, args.reward_eval_labels, args.label_noise, args.reward_std
+                                fitting, buffer, args.reward_eval_labels, args.label_noise, args.reward_std
                             )
                             l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
                             line += (
@@ -1246,6 +1283,7 @@ if __name__ == "__main__":
                                 f"val loss {val_loss.nanmean():.3f}"
                             )
                         print(line)
+                    ensemble.load_state_dict(fitting.state_dict())
 
             if pretraining:
                 if iteration % args.iterations_per_round == 0:
@@ -1256,20 +1294,29 @@ if __name__ == "__main__":
                 completed, completed_step = iteration, global_step
                 continue
 
-            # RLHF: the reward model keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
-            if rlhf and not frozen and iteration % args.reward_train_every == 0:
-                before = ensemble.normalized_reward(obs) if args.pin_reward_level else None
-                train_reward_model(
-                    ensemble, reward_optimizer, buffer, l2_coef, 1, args.reward_batch_size, args.label_noise, rng
-                )
+            # RLHF: the reward model keeps training as labels arrive. C17 2.2 fits it in parallel with RL: here a
+            # thread takes each step on `fitting` while A2C runs the next --reward-train-every iterations, and then
+            # `ensemble` takes its weights. The steps are those of taking them in turn (runs stay reproducible), and
+            # A2C's reward is one step behind; on a CPU the thread uses the core that A2C leaves idle.
+            if rlhf and not frozen and iteration % args.reward_train_every == 0 and buffer.size:
+                if reward_job is not None:
+                    validation = reward_job.result()  # waits for the step to end (and raises its error, if any)
+                    if validation is not None:
+                        train_loss, val_loss, val_accuracy = validation
+                        l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+                    before = ensemble.normalized_reward(obs) if args.pin_reward_level else None
+                    ensemble.load_state_dict(fitting.state_dict())
+                    if args.pin_reward_level:
+                        pin_level(ensemble, obs, before)
                 reward_steps += 1
+                # the labels are copied out now: the thread never reads the buffer, which label rounds write to
+                batch = buffer.get(rng.integers(0, buffer.size, min(args.reward_batch_size, buffer.size)))
+                held_out = None
                 if reward_steps % args.reward_eval_every == 0:
-                    train_loss, val_loss, val_accuracy = evaluate_reward_model(
-                        ensemble, buffer, args.reward_eval_labels, args.label_noise, args.reward_std
-                    )
-                    l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                if args.pin_reward_level:
-                    pin_level(ensemble, obs, before)
+                    held_out = buffer.get(buffer.latest(args.reward_eval_labels))
+                reward_job = reward_thread.submit(
+                    fit_step, fitting, reward_optimizer, batch, l2_coef, args.label_noise, held_out, args.reward_std
+                )
 
             # RLHF: the reward A2C optimises, for the whole rollout in one batched call
             if rlhf:
@@ -1356,6 +1403,8 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print(f"interrupted at step {global_step}")
     finally:
+        if reward_thread is not None:
+            reward_thread.shutdown()  # after the step in progress, if any
         # nothing is lost when a run stops: labels are saved as they arrive, the checkpoint with --save-model
         if rlhf and not frozen:
             print(f"{buffer.total} labels saved in {labels_dir}/")

@@ -41,7 +41,8 @@ def main():
     run = checkpoint["args"]
     rng = np.random.default_rng(args.seed)
     ensemble = atari.RewardEnsemble(run["ensemble_size"], run["reward_dropout"]).eval()  # as in training: no dropout
-    ensemble.load_state_dict(checkpoint["reward_ensemble"])
+    # the copy that trains, whose Adam state this is (checkpoints before it was kept apart have only the one)
+    ensemble.load_state_dict(checkpoint.get("reward_fitting") or checkpoint["reward_ensemble"])
     optimizer = torch.optim.Adam(ensemble.parameters(), lr=run["reward_lr"])
     optimizer.load_state_dict(checkpoint["reward_optimizer"])
     buffer = atari.LabelBuffer(run["label_buffer"], run["segment_len"], run["ensemble_size"], rng)

@@ -383,6 +383,22 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert -21 <= score <= -15  # a whole game of a barely trained agent
 
 
+def test_reward_model_trains_in_its_own_thread_and_a_repeated_run_ends_the_same(tmp_path):
+    checkpoints = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        result = run_atari(tmp_path / name, TINY + " --save-model")
+        assert result.returncode == 0, result.stderr
+        checkpoints.append(torch.load(only_run_dir(tmp_path / name) / "checkpoint.pt", weights_only=False))
+    first, second = checkpoints
+    # the thread draws none of the random numbers A2C draws, and RL waits for each of its steps at fixed iterations
+    for part in ("agent", "reward_ensemble", "reward_fitting", "reward_optimizer"):
+        torch.testing.assert_close(second[part], first[part], rtol=0, atol=0)
+    # A2C's copy is a step behind the one that trains: the last step was taken while A2C ran on
+    members = [key for key in first["reward_fitting"] if key.startswith("members.")]
+    assert any(not torch.equal(first["reward_ensemble"][key], first["reward_fitting"][key]) for key in members)
+
+
 def test_frozen_reward_run_optimises_a_saved_reward_model_unchanged_and_asks_no_labels(tmp_path):
     source = run_atari(tmp_path, TINY + " --save-model")
     assert source.returncode == 0, source.stderr
