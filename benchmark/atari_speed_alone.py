@@ -9,7 +9,7 @@ last (progress lines give the steps and the steps/s since the start, hence the t
 
 Usage (from the repository root):
   python benchmark/atari_speed_alone.py [--steps 40000] [--repeats 2] [--before COMMIT] [--logs DIR] [-- FLAGS...]
-FLAGS go to the RLHF runs. By default the pretraining is short (one 6400-step round, 100 labels, one epoch: it is
+FLAGS are added to the RLHF runs' (e.g. -- --reward-train-every 16). The pretraining is short (one 6400-step round, 100 labels, one epoch: it is
 not what is measured) and 3 labels are asked per 6400-step round of RL, the rate at the start of a default 10M-step
 run (3300 labels).
 """
@@ -47,7 +47,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", help="a commit whose RLHF run is timed too (checked out in a temporary folder)")
     parser.add_argument("--logs", default="benchmark/logs/pong_speed_alone")
-    parser.add_argument("rlhf_flags", nargs="*", help="after --: flags for the RLHF runs")
+    parser.add_argument("rlhf_flags", nargs="*", help="after --: flags added to the RLHF runs'")
     args = parser.parse_args()
     os.makedirs(args.logs, exist_ok=True)
     scripts = {"rlhf": "rlhf_a2c_atari.py"}
@@ -56,9 +56,8 @@ def main():
         subprocess.run(f"git archive {args.before} rlhf_a2c_atari.py | tar -x -C {folder}", shell=True, check=True)
         scripts[f"rlhf_{args.before}"] = os.path.join(folder, "rlhf_a2c_atari.py")
     pretrain, rounds = 6400, -(-args.steps // 6400)
-    rlhf_flags = " ".join(args.rlhf_flags) or f"--pretrain-steps {pretrain} --pretrain-labels 100 --pretrain-epochs 1"
-    rlhf_flags += f" --labels {100 + 3 * rounds}" if not args.rlhf_flags else ""
-    pretrain = int(re.search(r"--pretrain-steps (\d+)", rlhf_flags).group(1)) if "--pretrain-steps" in rlhf_flags else 25600
+    rlhf_flags = f"--pretrain-steps {pretrain} --pretrain-labels 100 --pretrain-epochs 1 --labels {100 + 3 * rounds} "
+    rlhf_flags += " ".join(args.rlhf_flags)
     common = f"--env {args.env} --seed 1 --log-every 10"
     rates = {name: [] for name in ["true"] + list(scripts)}
     for repeat in range(1, args.repeats + 1):
