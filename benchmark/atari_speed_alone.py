@@ -8,7 +8,8 @@ for --steps steps of RL. RLHF's pretraining is not timed: each rate runs from a 
 last (progress lines give the steps and the steps/s since the start, hence the time).
 
 Usage (from the repository root):
-  python benchmark/atari_speed_alone.py [--steps 40000] [--repeats 2] [--before COMMIT] [--logs DIR] [-- FLAGS...]
+  python benchmark/atari_speed_alone.py [--steps 40000] [--repeats 2] [--before COMMIT] [--train-every 16,64]
+    [--logs DIR] [-- FLAGS...]
 FLAGS are added to the RLHF runs' (e.g. -- --reward-train-every 16). The pretraining is short (one 6400-step round, 100 labels, one epoch: it is
 not what is measured) and 3 labels are asked per 6400-step round of RL, the rate at the start of a default 10M-step
 run (3300 labels).
@@ -47,14 +48,17 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", help="a commit whose RLHF run is timed too (checked out in a temporary folder)")
     parser.add_argument("--logs", default="benchmark/logs/pong_speed_alone")
+    parser.add_argument("--train-every", default="", help="e.g. 16,64: an RLHF run with each --reward-train-every too")
     parser.add_argument("rlhf_flags", nargs="*", help="after --: flags added to the RLHF runs'")
     args = parser.parse_args()
     os.makedirs(args.logs, exist_ok=True)
-    scripts = {"rlhf": "rlhf_a2c_atari.py"}
+    scripts = {"rlhf": ("rlhf_a2c_atari.py", "")}  # name: (script, flags of its own)
+    for every in filter(None, args.train_every.split(",")):
+        scripts[f"rlhf_every{every}"] = ("rlhf_a2c_atari.py", f"--reward-train-every {every}")
     if args.before:
         folder = tempfile.mkdtemp()
         subprocess.run(f"git archive {args.before} rlhf_a2c_atari.py | tar -x -C {folder}", shell=True, check=True)
-        scripts[f"rlhf_{args.before}"] = os.path.join(folder, "rlhf_a2c_atari.py")
+        scripts[f"rlhf_{args.before}"] = (os.path.join(folder, "rlhf_a2c_atari.py"), "")
     pretrain, rounds = 6400, -(-args.steps // 6400)
     rlhf_flags = f"--pretrain-steps {pretrain} --pretrain-labels 100 --pretrain-epochs 1 --labels {100 + 3 * rounds} "
     rlhf_flags += " ".join(args.rlhf_flags)
@@ -63,8 +67,8 @@ def main():
     for repeat in range(1, args.repeats + 1):
         log = f"{args.logs}/true_{repeat}.log"
         rates["true"].append(run("rlhf_a2c_atari.py", f"{common} --feedback true-reward --total-timesteps {args.steps}", log))
-        for name, script in scripts.items():
-            flags = f"{common} --total-timesteps {args.steps + pretrain} {rlhf_flags}"
+        for name, (script, own) in scripts.items():
+            flags = f"{common} --total-timesteps {args.steps + pretrain} {rlhf_flags} {own}"
             rates[name].append(run(script, flags, f"{args.logs}/{name}_{repeat}.log"))
         print(f"repeat {repeat}: " + ", ".join(f"{name} {r[-1]:.0f} steps/s" for name, r in rates.items()), flush=True)
     print("\n| run | steps/s, each repeat | median | median ratio to true reward |\n|---|---|---|---|")
