@@ -48,11 +48,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", help="a commit whose RLHF run is timed too (checked out in a temporary folder)")
     parser.add_argument("--logs", default="benchmark/logs/pong_speed_alone")
-    parser.add_argument("--train-every", default="", help="e.g. 16,64: an RLHF run with each --reward-train-every too")
+    parser.add_argument(
+        "--train-every",
+        default="",
+        help="e.g. 16,64: an RLHF run with each --reward-train-every instead of one with the default",
+    )
     parser.add_argument("rlhf_flags", nargs="*", help="after --: flags added to the RLHF runs'")
     args = parser.parse_args()
     os.makedirs(args.logs, exist_ok=True)
-    scripts = {"rlhf": ("rlhf_a2c_atari.py", "")}  # name: (script, flags of its own)
+    scripts = {} if args.train_every else {"rlhf": ("rlhf_a2c_atari.py", "")}  # name: (script, flags of its own)
     for every in filter(None, args.train_every.split(",")):
         scripts[f"rlhf_every{every}"] = ("rlhf_a2c_atari.py", f"--reward-train-every {every}")
     if args.before:
