@@ -5,7 +5,7 @@ the mean true return (standard rules) of the run's last 10 finished episodes. Th
 can be rebuilt without the TensorBoard folders.
 
 Usage (from the repository root): python benchmark/plot.py --env Hopper-v4 [--logs benchmark/logs] [--out benchmark]
-  [--max-steps N] (compare every run up to the same step) [--reference R --reference-label TEXT] (a horizontal line,
+  [--runs NAME,NAME] (only these exp_names) [--max-steps N] (compare every run up to the same step) [--reference R --reference-label TEXT] (a horizontal line,
   e.g. a random policy's score) [--bins N] (also a table of each run's mean return in every N steps)
 """
 
@@ -53,6 +53,7 @@ def main():
     parser.add_argument("--logs", default="benchmark/logs")
     parser.add_argument("--out", default="benchmark")
     parser.add_argument("--prefix", default="bench_", help="only runs whose exp_name starts with this")
+    parser.add_argument("--runs", default=None, help="only these exp_names, comma-separated")
     parser.add_argument("--name", default=None, help="output file stem (default: the env id)")
     parser.add_argument("--max-steps", type=int, default=None, help="drop progress lines after this step in every run")
     parser.add_argument("--reference", type=float, default=None, help="draw a horizontal line at this return")
@@ -64,6 +65,8 @@ def main():
     walls = collections.defaultdict(dict)  # exp_name -> {seed: wall seconds}
     for log_path in sorted(glob.glob(f"{args.logs}/{args.env}__{args.prefix}*.log")):
         _, exp_name, seed = os.path.basename(log_path)[: -len(".log")].split("__")
+        if args.runs and exp_name not in args.runs.split(","):
+            continue
         steps, returns, wall_s = progress(log_path)
         if args.max_steps is not None:  # runs that went on longer are compared over the same steps
             keep = steps <= args.max_steps
