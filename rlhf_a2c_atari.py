@@ -1175,7 +1175,7 @@ if __name__ == "__main__":
             "agent": agent.state_dict(),
             "optimizer": optimizer.state_dict(),
             "reward_ensemble": ensemble.state_dict() if rlhf else None,  # the one A2C uses
-            "reward_fitting": fitting.state_dict() if rlhf else None,  # the one that trains, with reward_optimizer
+            "reward_fitting": fitting.state_dict() if rlhf and not frozen else None,  # the one that trains
             "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
             "l2_coef": l2_coef,
             "global_step": completed_step,
