@@ -944,9 +944,12 @@ def label_step_rewards(ensemble, labels, chunk=32):
 def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
     """`steps` Adam steps on random minibatches of labels."""
     for _ in range(steps if buffer.size else 0):
-        reward_step(
-            ensemble, optimizer, buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size))), l2_coef, label_noise
-        )
+        reward_step(ensemble, optimizer, random_batch(buffer, batch_size, rng), l2_coef, label_noise)
+
+
+def random_batch(buffer, batch_size, rng):
+    """`batch_size` labels drawn with replacement from the buffer (all it holds if fewer), copied out of it."""
+    return buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
 
 
 def reward_step(ensemble, optimizer, batch, l2_coef, label_noise):
@@ -1311,7 +1314,7 @@ if __name__ == "__main__":
                         pin_level(ensemble, obs, before)
                 reward_steps += 1
                 # the labels are copied out now: the thread never reads the buffer, which label rounds write to
-                batch = buffer.get(rng.integers(0, buffer.size, min(args.reward_batch_size, buffer.size)))
+                batch = random_batch(buffer, args.reward_batch_size, rng)
                 held_out = None
                 if reward_steps % args.reward_eval_every == 0:
                     held_out = buffer.get(buffer.latest(args.reward_eval_labels))

@@ -5,8 +5,9 @@ the mean true return (standard rules) of the run's last 10 finished episodes. Th
 can be rebuilt without the TensorBoard folders.
 
 Usage (from the repository root): python benchmark/plot.py --env Hopper-v4 [--logs benchmark/logs] [--out benchmark]
-  [--runs NAME,NAME] (only these exp_names) [--max-steps N] (compare every run up to the same step) [--reference R --reference-label TEXT] (a horizontal line,
-  e.g. a random policy's score) [--bins N] (also a table of each run's mean return in every N steps)
+  [--runs NAME,NAME] (only these exp_names) [--max-steps N] (compare every run up to the same step)
+  [--reference R --reference-label TEXT] (a horizontal line, e.g. a random policy's score) [--bins N] (also a table of
+  each run's mean return in every N steps)
 """
 
 import argparse
