@@ -19,6 +19,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering for --capture-vi
 
 import gymnasium as gym
 import imageio
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -226,8 +227,8 @@ def validate_args(args: Args) -> None:
 def label_schedule(args: Args) -> np.ndarray:
     """Labels to query after each iteration's rollout: `pretrain_fraction` of the budget spread over the initial
     policy's rollouts, the rest at a rate proportional to horizon / (T + horizon), T = steps so far. Sums exactly to
-    args.labels, whatever --total-timesteps is."""
-    pretrain = round(args.labels * args.pretrain_fraction)
+    args.labels, whatever --total-timesteps is; at least one label comes before RL (it needs a reward model)."""
+    pretrain = min(args.labels, max(1, round(args.labels * args.pretrain_fraction)))
     per_iteration = np.zeros(args.num_iterations, dtype=np.int64)
     per_iteration[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, pretrain, args.pretrain_iterations + 1)))
     steps_so_far = np.arange(args.pretrain_iterations + 1, args.num_iterations + 1) * args.batch_size
@@ -504,7 +505,8 @@ class SyntheticTeacher:
     """Prefers the segment with more true reward (C17's synthetic labels), optionally with the noise of B-Pref's
     simulated teachers (Lee et al. 2021). Teachers share one interface: ask(left, right) queues pairs;
     poll() returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal; pairs the
-    teacher skips or cannot tell apart are dropped."""
+    teacher skips get no answer (they are not labels: the run asks for others later); exact ties, or returns within
+    `equal_margin`, are answered "equal" (mu 0.5)."""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -600,10 +602,10 @@ class HumanTeacher:
         lefts, rights, mus = zip(*batches)
         return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
 
-    def wait_for_all(self, progress_every=10.0):
-        """Block until every asked pair is answered (the pretraining labels RL cannot start without)."""
+    def wait_for_all(self, stop, progress_every=10.0):
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without), or `stop` is set."""
         last = 0.0
-        while self.unanswered and self.failure is None:
+        while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
                 print(
                     f"waiting for {self.unanswered} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
@@ -743,10 +745,11 @@ class HumanTeacher:
                 self.queued.append(str(pair_id))
 
 
-# RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
+# RLHF: the labels, with each member's bootstrap weights and validation split (C17 2.2.3)
 class LabelBuffer:
-    """Preference labels of the run. For each member, a label is held out for validation with probability 1/e
-    (C17 2.2.3); otherwise it gets a Poisson(1) weight, the online form of a bootstrap resample of the labels."""
+    """Preference labels of the run. Each member weighs each label by a Poisson(1) draw, the online form of a bootstrap
+    resample of the labels; the labels its resample leaves out (weight 0, probability 1/e: C17 2.2.3's held-out 1/e)
+    are its validation set. The buffer grows if more labels arrive than it was made for: no answer is dropped."""
 
     def __init__(self, capacity, segment_len, obs_dim, act_dim, ensemble_size, rng):
         self.rng, self.size = rng, 0
@@ -762,16 +765,23 @@ class LabelBuffer:
         }
 
     def add(self, left, right, mu):
-        n = min(len(mu), len(self.data["mu"]) - self.size)
+        n = len(mu)
+        if self.size + n > len(self.data["mu"]):
+            self._grow(self.size + n)
         new = slice(self.size, self.size + n)
         for key in ("obs", "act", "mask", "true_reward"):
-            self.data[key][new, 0], self.data[key][new, 1] = left[key][:n], right[key][:n]
-        self.data["mu"][new] = mu[:n]
-        members = self.data["is_val"].shape[1]
-        self.data["is_val"][new] = self.rng.random((n, members)) < 1 / math.e
-        self.data["weight"][new] = np.where(self.data["is_val"][new], 0, self.rng.poisson(1.0, (n, members)))
+            self.data[key][new, 0], self.data[key][new, 1] = left[key], right[key]
+        self.data["mu"][new] = mu
+        self.data["weight"][new] = self.rng.poisson(1.0, (n, self.data["weight"].shape[1]))
+        self.data["is_val"][new] = self.data["weight"][new] == 0
         self.size += n
         return n
+
+    def _grow(self, capacity):
+        for key, values in self.data.items():
+            grown = np.zeros((capacity,) + values.shape[1:], values.dtype)
+            grown[: self.size] = values[: self.size]
+            self.data[key] = grown
 
     def get(self, idx=None):
         """The labels (all, or those at `idx`) as tensors; segments as `left`/`right` dicts."""
@@ -789,6 +799,8 @@ class LabelBuffer:
     def load(self, path):
         with np.load(path) as saved:
             n = len(saved["mu"])
+            if n > len(self.data["mu"]):
+                self._grow(n)
             for k in self.data:
                 self.data[k][:n] = saved[k]
         self.size = n
@@ -811,15 +823,16 @@ def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, 
 
 @torch.no_grad()
 def evaluate_reward_model(ensemble, buffer, label_noise, target_std):
-    """Training and validation loss of each member on its own split, and the share of held-out strict preferences
-    each member orders correctly (averaged over members). Also refits the reward normalisation on the judged steps."""
+    """Each member's training loss (weighted by its bootstrap weights: the loss it was trained on) and validation loss
+    (on the labels its bootstrap left out), and the share of held-out strict preferences each member orders correctly
+    (averaged over members). Also refits the reward normalisation on the judged steps."""
     _, _, batch = buffer.get()
     step_rewards = ensemble(batch["obs"], batch["act"])  # (members, labels, 2, L): one pass for everything below
     returns = ensemble.sum_segments(step_rewards, batch["mask"])
     losses = preference_loss(returns[..., 0], returns[..., 1], batch["mu"], label_noise)
     is_val = batch["is_val"].T.float()
-    is_train = 1 - is_val
-    train_loss = (losses * is_train).sum(1) / is_train.sum(1).clamp(min=1)
+    weight = batch["weight"].T
+    train_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1)
     val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
     correct = ((returns[..., 0] > returns[..., 1]).float() == batch["mu"]).float()
     judged = is_val * (batch["mu"] != 0.5).float()  # "equal" answers have no right order
@@ -877,6 +890,47 @@ def anchor_at_absorbing(rewards, absorbing_reward):
     the optimal policy stay the same; PPO learns to stay up far faster this way (benchmark/README.md, Hopper).
     Returns (shifted step rewards, the absorbing state's reward: 0)."""
     return rewards - absorbing_reward, 0.0
+
+
+# Infrastructure: what a checkpoint needs beyond the networks for a resumed run to continue as if it had never stopped
+def environment_states(envs):
+    """Each environment's episode in progress: MuJoCo's integration state (positions, velocities, solver warm start,
+    ...), its random generator, the time-limit and episode-statistics counters."""
+    states = []
+    for env in envs.envs:
+        sim = env.unwrapped
+        physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
+        counters = {name: env.get_wrapper_attr(name) for name in ("_elapsed_steps", "episode_returns", "episode_lengths")}
+        states.append({"physics": physics, "np_random": sim.np_random.bit_generator.state, **counters})
+    return states
+
+
+def restore_environment_states(envs, states):
+    for env, state in zip(envs.envs, states):
+        sim = env.unwrapped
+        mujoco.mj_setState(sim.model, sim.data, state["physics"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        sim.np_random.bit_generator.state = state["np_random"]
+        for name in ("_elapsed_steps", "episode_returns", "episode_lengths"):
+            env.set_wrapper_attr(name, state[name])
+
+
+def random_states(rng):
+    """Every random stream the run draws from: segments, teacher and bootstrap (rng), PPO's minibatches (np.random),
+    the policy's actions (torch)."""
+    return {
+        "rng": rng.bit_generator.state,
+        "np.random": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "random": random.getstate(),
+    }
+
+
+def restore_random_states(rng, states):
+    rng.bit_generator.state = states["rng"]
+    np.random.set_state(states["np.random"])
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["random"])
 
 
 if __name__ == "__main__":
@@ -1007,6 +1061,14 @@ if __name__ == "__main__":
             "l2_coef": l2_coef,
             "global_step": completed_step,
             "iteration": completed,
+            # what makes a resumed run continue as if it had never stopped: the episodes in progress, every random
+            # stream, the running statistics and counters
+            "environments": environment_states(envs),
+            "next_obs_raw": next_obs_raw,
+            "random": random_states(rng),
+            "running_return": running_return,
+            "fits": fits,
+            "reward_model_figures": (train_loss, val_loss, val_accuracy),
         }
         torch.save(state, checkpoint_path + ".tmp")
         os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
@@ -1017,267 +1079,297 @@ if __name__ == "__main__":
     # TRY NOT TO MODIFY: start the game
     start_time, start_step, last_label_save = time.time(), global_step, time.time()
     next_obs_raw, _ = envs.reset(seed=args.seed)
-    obs_rms.update(next_obs_raw)
-    next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
-    recent_returns, recent_predicted = [], []
     fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
     val_accuracy = math.nan
+    if checkpoint is not None and "environments" in checkpoint:  # Infrastructure: resume where the run stopped
+        restore_environment_states(envs, checkpoint["environments"])
+        restore_random_states(rng, checkpoint["random"])
+        next_obs_raw, running_return[:] = checkpoint["next_obs_raw"], checkpoint["running_return"]
+        fits, (train_loss, val_loss, val_accuracy) = checkpoint["fits"], checkpoint["reward_model_figures"]
+    else:
+        obs_rms.update(next_obs_raw)
+    next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
+    recent_returns, recent_predicted = [], []
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
-    # `kill`, `timeout` or a cluster's scheduler (SIGTERM) stops the run as Ctrl-C does: the checkpoint is written
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Infrastructure: Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) stop the run at the end of the
+    # iteration in progress, where everything a resumed run needs is consistent; a second Ctrl-C stops at once
+    stop = threading.Event()
 
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+    def request_stop(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)")
 
-            for step in range(0, args.num_steps):
-                global_step += args.num_envs
-                obs[step] = next_obs
-                raw_obs[step] = next_obs_raw
-                if args.feedback == "human":
-                    for i, env in enumerate(envs.envs):
-                        sim_states[step, i] = np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel])
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
 
-                # ALGO LOGIC: action logic
-                with torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                    values[step] = value.flatten()
-                actions[step] = action
-                logprobs[step] = logprob
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if stop.is_set():
+            break
+        pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-                # TRY NOT TO MODIFY: execute the game and log data.
-                next_obs_raw, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
-                true_rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
-                bootstrap[step] = 0.0
-                if "final_obs" in infos:
-                    cut = infos["_final_obs"] & truncated & ~terminated
-                    if cut.any():  # time limit: bootstrap from the value of the state the episode was cut at
-                        final = normalize_obs(obs_rms, np.stack(infos["final_obs"][cut]))
-                        with torch.no_grad():
-                            bootstrap[step][cut] = agent.get_value(torch.as_tensor(final).to(device)).flatten().cpu().numpy()
-                    episodes = infos["final_info"].get("episode")
-                    if episodes is not None:
-                        for i in np.flatnonzero(infos["final_info"]["_episode"]):
-                            recent_returns.append(float(episodes["r"][i]))
-                            writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
-                            writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
-                obs_rms.update(next_obs_raw)
-                next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
-
-            # the actions the environment executed (ClipAction): what the teacher and the reward model judge
-            rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
-            if rlhf:
-                # RLHF: query this iteration's share of the label budget (C17 A.1 schedule, 2.2.4 selection)
-                to_ask = int(schedule[iteration - 1])
-                if to_ask > 0:
-                    rollout = {
-                        "obs": raw_obs,
-                        "act": rollout_actions,
-                        "true_reward": true_rewards,
-                        "terminated": terminations,
-                        "truncated": truncations,
-                    }
-                    if args.feedback == "human":
-                        rollout["sim_state"] = sim_states
-                    left, right = select_pairs(
-                        rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, args.selection
-                    )
-                    teacher.ask(left, right)
-                if iteration == args.pretrain_iterations and args.feedback == "human":
-                    teacher.wait_for_all()  # people label asynchronously, but RL cannot start without these
-                for left, right, mu in teacher.poll():
-                    buffer.add(left, right, mu)
-                if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
-                    rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
-                else:  # then it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
-                    rounds, steps_per_round = (0 if pretraining else 1), args.reward_updates
-                for fit_round in range(1, rounds + 1):
-                    train_reward_model(
-                        ensemble,
-                        reward_optimizer,
-                        buffer,
-                        l2_coef,
-                        steps_per_round,
-                        args.reward_batch_size,
-                        args.label_noise,
-                        rng,
-                    )
-                    fits += 1
-                    if fits % args.reward_eval_every == 0 or (iteration == args.pretrain_iterations and fit_round == rounds):
-                        train_loss, val_loss, val_accuracy = evaluate_reward_model(
-                            ensemble, buffer, args.label_noise, args.reward_std
-                        )
-                        l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                if iteration == args.pretrain_iterations:
-                    print(
-                        f"reward model pretrained on {buffer.size} labels: val accuracy {val_accuracy:.2f}, "
-                        f"train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
-                    )
-                if time.time() - last_label_save > 30 or iteration == args.num_iterations:
-                    save_labels()
-                    last_label_save = time.time()
-
-            if pretraining:
-                print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
-                writer.add_scalar("labels/total", buffer.size, global_step)
-                completed, completed_step = iteration, global_step
-                continue
-
-            # RLHF: the reward PPO optimises, for the whole rollout in one batched call
-            dones = terminations | truncations
-            if rlhf:
-                rewards_np = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(rollout_actions)).numpy()
-                absorbing_reward = ensemble.normalized_absorbing_reward()
-                for t in range(args.num_steps):  # predicted return of whole episodes, next to the true one
-                    predicted_episode_return += rewards_np[t]
-                    for i in np.flatnonzero(dones[t]):
-                        recent_predicted.append(predicted_episode_return[i])
-                        writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
-                    predicted_episode_return[dones[t]] = 0.0
-                if args.anchor_absorbing:  # the fallen state earns 0: return scaling and the critic see what the baseline sees
-                    rewards_np, absorbing_reward = anchor_at_absorbing(rewards_np, absorbing_reward)
-            else:
-                rewards_np, absorbing_reward = true_rewards.copy(), 0.0  # the true reward after a fall is 0 forever
-            reward_scale = discounted_return_scale(return_rms, rewards_np, dones, running_return, args.gamma)
-            # a termination enters the absorbing state: its value is its reward summed over an unbounded future
-            absorbing_value = absorbing_reward / reward_scale / (1 - args.gamma)
-            ppo_rewards = np.clip(rewards_np / reward_scale, -10, 10) + args.gamma * (
-                bootstrap * truncations + absorbing_value * terminations
-            )
-            rewards = torch.as_tensor(ppo_rewards, dtype=torch.float32).to(device)
-            step_dones = torch.as_tensor(dones, dtype=torch.float32).to(device)
-
-            # bootstrap value if not done
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs).reshape(1, -1)
-                advantages = torch.zeros_like(rewards).to(device)
-                lastgaelam = 0
-                for t in reversed(range(args.num_steps)):
-                    nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
-                    nextnonterminal = 1.0 - step_dones[t]
-                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-                    advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-                returns = advantages + values
-
-            # flatten the batch
-            b_obs = obs.reshape((-1, obs_dim))
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape((-1, act_dim))
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
-
-            # Optimizing the policy and value network
-            b_inds = np.arange(args.batch_size)
-            clipfracs = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):
-                    end = start + args.minibatch_size
-                    mb_inds = b_inds[start:end]
-
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    newvalue = newvalue.view(-1)
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds],
-                            -args.clip_coef,
-                            args.clip_coef,
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
-                        v_loss = 0.5 * v_loss_max.mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
-
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-
-            # TRY NOT TO MODIFY: record rewards for plotting purposes
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            line = f"step {global_step}, SPS {sps}"
-            if recent_returns:
-                line += f", true return {np.mean(recent_returns[-10:]):.1f}"
-            if rlhf:
-                # RLHF: how well the learned reward tracks the true one
-                constant = rewards_np.std() == 0 or true_rewards.std() == 0  # e.g. InvertedPendulum: true reward is 1
-                correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-                writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
-                writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
-                writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
-                writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
-                writer.add_scalar("reward_model/true_correlation", correlation, global_step)
-                # the learned reward of a fall on C17's zero-mean scale (before --anchor-absorbing shifts it to 0)
-                writer.add_scalar("reward_model/absorbing_reward", ensemble.normalized_absorbing_reward(), global_step)
-                writer.add_scalar("labels/total", buffer.size, global_step)
-                writer.add_scalar("labels/pending", teacher.pending, global_step)
-                if recent_predicted:
-                    line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
-                line += f", labels {buffer.size}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
-            print(line)
-            recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
-
-            completed, completed_step = iteration, global_step
-            if args.save_model and iteration % args.checkpoint_every == 0:
-                save_checkpoint()
-    except KeyboardInterrupt:
-        print(f"interrupted at step {global_step}")
-    finally:
-        # nothing is lost when a run stops: labels always, the checkpoint with --save-model (resume with --resume)
-        if rlhf:
-            save_labels()
-            print(f"{buffer.size} labels saved to {labels_path}")
+        for step in range(0, args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            raw_obs[step] = next_obs_raw
             if args.feedback == "human":
-                teacher.close()
-                print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
-        if args.save_model:
+                for i, env in enumerate(envs.envs):
+                    sim_states[step, i] = np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel])
+
+            # ALGO LOGIC: action logic
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            next_obs_raw, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+            true_rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
+            bootstrap[step] = 0.0
+            if "final_obs" in infos:
+                cut = infos["_final_obs"] & truncated & ~terminated
+                if cut.any():  # time limit: bootstrap from the value of the state the episode was cut at
+                    final = normalize_obs(obs_rms, np.stack(infos["final_obs"][cut]))
+                    with torch.no_grad():
+                        bootstrap[step][cut] = agent.get_value(torch.as_tensor(final).to(device)).flatten().cpu().numpy()
+                episodes = infos["final_info"].get("episode")
+                if episodes is not None:
+                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                        recent_returns.append(float(episodes["r"][i]))
+                        writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
+                        writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
+            obs_rms.update(next_obs_raw)
+            next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
+
+        # the actions the environment executed (ClipAction): what the teacher and the reward model judge
+        rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        if rlhf:
+            # RLHF: query the labels the schedule asks for so far (C17 A.1), less those held or on their way: a resumed run
+            # asks nothing twice, and pairs the teacher skipped are asked again
+            to_ask = int(schedule[:iteration].sum()) - buffer.size - teacher.pending
+            if to_ask > 0:
+                rollout = {
+                    "obs": raw_obs,
+                    "act": rollout_actions,
+                    "true_reward": true_rewards,
+                    "terminated": terminations,
+                    "truncated": truncations,
+                }
+                if args.feedback == "human":
+                    rollout["sim_state"] = sim_states
+                # C17 2.2.4 selection; before RL the members are untrained and their disagreement is noise: random pairs
+                selection = "random" if pretraining else args.selection
+                left, right = select_pairs(rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection)
+                teacher.ask(left, right)
+            if iteration == args.pretrain_iterations and args.feedback == "human":
+                teacher.wait_for_all(stop)  # people label asynchronously, but RL cannot start without these
+                if stop.is_set():
+                    break
+            for left, right, mu in teacher.poll():
+                buffer.add(left, right, mu)
+            if iteration == args.pretrain_iterations and buffer.size == 0:
+                save_labels()
+                if args.save_model:
+                    save_checkpoint()
+                raise SystemExit(
+                    f"error: no pretraining label: the teacher skipped or could not tell apart all {pretrain_labels} "
+                    "pairs of the initial policy, and RL needs a reward model to start (lower --teacher-skip-threshold, "
+                    "or answer some pairs; --resume asks again)"
+                )
+            if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
+                rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
+            else:  # then it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
+                rounds, steps_per_round = (0 if pretraining else 1), args.reward_updates
+            for fit_round in range(1, rounds + 1):
+                train_reward_model(
+                    ensemble,
+                    reward_optimizer,
+                    buffer,
+                    l2_coef,
+                    steps_per_round,
+                    args.reward_batch_size,
+                    args.label_noise,
+                    rng,
+                )
+                fits += 1
+                if fits % args.reward_eval_every == 0 or (iteration == args.pretrain_iterations and fit_round == rounds):
+                    train_loss, val_loss, val_accuracy = evaluate_reward_model(
+                        ensemble, buffer, args.label_noise, args.reward_std
+                    )
+                    l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
+            if iteration == args.pretrain_iterations:
+                print(
+                    f"reward model pretrained on {buffer.size} labels: val accuracy {val_accuracy:.2f}, "
+                    f"train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
+                )
+            if time.time() - last_label_save > 30 or iteration == args.num_iterations:
+                save_labels()
+                last_label_save = time.time()
+
+        if pretraining:
+            print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
+            writer.add_scalar("labels/total", buffer.size, global_step)
+            completed, completed_step = iteration, global_step
+            continue
+
+        # RLHF: the reward PPO optimises, for the whole rollout in one batched call
+        dones = terminations | truncations
+        if rlhf:
+            rewards_np = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(rollout_actions)).numpy()
+            absorbing_reward = ensemble.normalized_absorbing_reward()
+            for t in range(args.num_steps):  # predicted return of whole episodes, next to the true one
+                predicted_episode_return += rewards_np[t]
+                for i in np.flatnonzero(dones[t]):
+                    recent_predicted.append(predicted_episode_return[i])
+                    writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
+                predicted_episode_return[dones[t]] = 0.0
+            if args.anchor_absorbing:  # the fallen state earns 0: return scaling and the critic see what the baseline sees
+                rewards_np, absorbing_reward = anchor_at_absorbing(rewards_np, absorbing_reward)
+        else:
+            rewards_np, absorbing_reward = true_rewards.copy(), 0.0  # the true reward after a fall is 0 forever
+        reward_scale = discounted_return_scale(return_rms, rewards_np, dones, running_return, args.gamma)
+        # a termination enters the absorbing state: its value is its reward summed over an unbounded future
+        absorbing_value = absorbing_reward / reward_scale / (1 - args.gamma)
+        ppo_rewards = np.clip(rewards_np / reward_scale, -10, 10) + args.gamma * (
+            bootstrap * truncations + absorbing_value * terminations
+        )
+        rewards = torch.as_tensor(ppo_rewards, dtype=torch.float32).to(device)
+        step_dones = torch.as_tensor(dones, dtype=torch.float32).to(device)
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages = torch.zeros_like(rewards).to(device)
+            lastgaelam = 0
+            for t in reversed(range(args.num_steps)):
+                nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
+                nextnonterminal = 1.0 - step_dones[t]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+            returns = advantages + values
+
+        # flatten the batch
+        b_obs = obs.reshape((-1, obs_dim))
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape((-1, act_dim))
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        # Optimizing the policy and value network
+        b_inds = np.arange(args.batch_size)
+        clipfracs = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                end = start + args.minibatch_size
+                mb_inds = b_inds[start:end]
+
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+
+                with torch.no_grad():
+                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
+
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                # Policy loss
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                # Value loss
+                newvalue = newvalue.view(-1)
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds],
+                        -args.clip_coef,
+                        args.clip_coef,
+                    )
+                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
+                    v_loss = 0.5 * v_loss_max.mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        line = f"step {global_step}, SPS {sps}"
+        if recent_returns:
+            line += f", true return {np.mean(recent_returns[-10:]):.1f}"
+        if rlhf:
+            # RLHF: how well the learned reward tracks the true one
+            constant = rewards_np.std() == 0 or true_rewards.std() == 0  # e.g. InvertedPendulum: true reward is 1
+            correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
+            writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
+            writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
+            writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
+            writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
+            writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+            # the learned reward of a fall on C17's zero-mean scale (before --anchor-absorbing shifts it to 0)
+            writer.add_scalar("reward_model/absorbing_reward", ensemble.normalized_absorbing_reward(), global_step)
+            writer.add_scalar("labels/total", buffer.size, global_step)
+            writer.add_scalar("labels/pending", teacher.pending, global_step)
+            if recent_predicted:
+                line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
+            line += f", labels {buffer.size}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
+        print(line)
+        recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+
+        completed, completed_step = iteration, global_step
+        if args.save_model and iteration % args.checkpoint_every == 0:
             save_checkpoint()
-            print(f"checkpoint saved to {checkpoint_path}")
-        envs.close()
-        writer.close()
+
+    # Infrastructure: the run ended or was stopped at the end of an iteration: nothing is lost (labels always, the
+    # checkpoint with --save-model; continue with --resume)
+    if stop.is_set():
+        print(f"interrupted at step {global_step}")
+    if rlhf:
+        save_labels()
+        print(f"{buffer.size} labels saved to {labels_path}")
+        if args.feedback == "human":
+            teacher.close()
+            print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
+    if args.save_model:
+        save_checkpoint()
+        print(f"checkpoint saved to {checkpoint_path}")
+    envs.close()
+    writer.close()

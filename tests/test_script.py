@@ -1,8 +1,11 @@
 """rlhf_ppo_mujoco.py run as a user runs it: in a subprocess, judged by what it writes (TensorBoard, labels, checkpoint)."""
 
+import signal
+
 import imageio
 import numpy as np
 import pytest
+import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
     assert_sigterm_stops_like_ctrl_c,
@@ -62,21 +65,83 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path
     assert_sigterm_stops_like_ctrl_c(tmp_path, TINY.replace("--total-timesteps 3072", "--total-timesteps 16384"))
 
 
-def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
+def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path):
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
-    out, err = interrupt_run(tmp_path, args, "step ")  # wait until RL has started, then stop the run as Ctrl-C would
+    (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
+    whole = run_script(tmp_path / "whole", args, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+    out, err = interrupt_run(tmp_path / "stopped", args, "step ", sig=signal.SIGTERM)  # stopped once RL has started
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path / "stopped")
+    stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
+    assert 1536 < stopped_at < 8192  # the iteration in progress when the signal came was finished
+    assert 0 < len(np.load(run_dir / "labels.npz")["mu"]) < 100
+
+    resumed = run_script(tmp_path / "stopped", f"--resume {run_dir}", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed {run_dir} at step {stopped_at}" in resumed.stdout
+    # environments, random streams, statistics, counters: all continue where they were, so nothing differs
+    expected, actual = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (only_run_dir(tmp_path / "whole"), run_dir))
+    for part in ("agent", "reward_ensemble"):
+        for name, tensor in expected[part].items():
+            assert torch.equal(tensor, actual[part][name]), f"{part}.{name} differs after the resume"
+    expected_labels, labels = np.load(only_run_dir(tmp_path / "whole") / "labels.npz"), np.load(run_dir / "labels.npz")
+    for key in expected_labels:
+        np.testing.assert_array_equal(labels[key], expected_labels[key], err_msg=key)
+
+
+def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
+    """A run killed after a label save and before the next checkpoint resumes with more labels than its checkpoint
+    knew of: it must ask only what the schedule still lacks, never a label twice, and never drop one."""
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
+    out, err = interrupt_run(tmp_path, args, "step ")
     assert "labels saved to" in out, err
     run_dir = only_run_dir(tmp_path)
-    saved = np.load(run_dir / "labels.npz")
-    assert 0 < len(saved["mu"]) < 100
+    saved = dict(np.load(run_dir / "labels.npz"))
+    held = len(saved["mu"])
+    assert 0 < held < 93
+    ahead = {k: np.concatenate([v, v[:7]]) for k, v in saved.items()}  # 7 answers saved after the checkpoint
+    np.savez_compressed(run_dir / "labels.npz", **ahead)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
 
     result = run_script(tmp_path, f"--resume {run_dir}", timeout=600)
     assert result.returncode == 0, result.stderr
-    assert f"resumed {run_dir} at step" in result.stdout
     final = np.load(run_dir / "labels.npz")
-    assert len(final["mu"]) == 100  # the whole budget, nothing asked twice
-    np.testing.assert_array_equal(final["obs"][: len(saved["mu"])], saved["obs"])  # the old labels are kept as they were
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 8192
+    assert len(final["mu"]) == 100  # the whole budget, nothing dropped
+    np.testing.assert_array_equal(final["obs"][: held + 7], ahead["obs"])  # the labels held are kept as they were
+    run_args = rl.Args(**checkpoint["args"])
+    rl.validate_args(run_args)
+    scheduled_so_far = np.cumsum(rl.label_schedule(run_args))
+    after_resume = [(s, v) for s, v in scalars(run_dir)["labels/total"] if s > checkpoint["global_step"]]
+    assert after_resume
+    for step, total in after_resume:  # nothing asked until the schedule passes what is held, then its pace
+        assert total == max(held + 7, scheduled_so_far[step // run_args.batch_size - 1]), step
+
+
+def test_pretraining_pairs_are_drawn_at_random_whatever_the_selection(tmp_path):
+    """Before RL the ensemble is untrained and its disagreement is noise (rlhf_a2c_atari.py does the same)."""
+    for selection in ("variance", "random"):
+        (tmp_path / selection).mkdir()
+        result = run_script(tmp_path / selection, TINY + f" --selection {selection}")
+        assert result.returncode == 0, result.stderr
+    variance, random = (np.load(only_run_dir(tmp_path / s) / "labels.npz") for s in ("variance", "random"))
+    np.testing.assert_array_equal(variance["obs"][:10], random["obs"][:10])  # the 10 pretraining labels
+    assert not np.array_equal(variance["obs"][10:], random["obs"][10:])  # then variance selection chooses
+
+
+def test_a_budget_of_one_or_two_labels_still_pretrains_on_one(tmp_path):
+    result = run_script(tmp_path, TINY.replace("--labels 40", "--labels 2"))
+    assert result.returncode == 0, result.stderr
+    assert "reward model pretrained on 1 labels" in result.stdout and "labels 2/2" in result.stdout
+    logged = scalars(only_run_dir(tmp_path))
+    assert np.isfinite([v for _, v in logged["charts/predicted_return"]]).all()
+    assert np.isfinite([v for _, v in logged["losses/value_loss"]]).all()
+
+
+def test_a_teacher_that_answers_no_pretraining_pair_stops_the_run_with_a_message(tmp_path):
+    result = run_script(tmp_path, TINY + " --teacher-skip-threshold 1e9")
+    assert_clear_error(result, "no pretraining label")
+    assert (only_run_dir(tmp_path) / "labels.npz").exists()
 
 
 @pytest.mark.parametrize(

@@ -260,22 +260,47 @@ def test_reward_model_learns_a_known_reward_from_synthetic_preferences(rng):
 # 5. bootstrap ensemble
 
 
-def test_label_buffer_holds_out_one_over_e_per_member_and_poisson_weights_the_rest(rng):
+def test_each_member_validates_on_the_labels_its_bootstrap_leaves_out(rng):
+    """C17 2.2.3: each member trains on a resample of the labels with replacement, and 1/e of them is held out; a
+    resample of n from n leaves out each label with probability (1 - 1/n)^n -> 1/e: the out-of-bag labels."""
     size, n = 4, 5000
     buffer = fill_buffer(rng, n, length=2, size=size, obs_dim=1)
     is_val, weight = buffer.data["is_val"][:n], buffer.data["weight"][:n]
+    np.testing.assert_array_equal(is_val, weight == 0)  # validation = out of bag, nothing else
     np.testing.assert_allclose(is_val.mean(0), 1 / math.e, atol=0.03)
-    assert (weight[is_val] == 0).all()
-    for k in range(size):
-        train = weight[~is_val[:, k], k]
-        assert (train == np.round(train)).all() and (train >= 0).all()
-        assert train.mean() == pytest.approx(1, abs=0.06)
-        assert train.var() == pytest.approx(1, abs=0.1)
-        assert (train == 0).mean() == pytest.approx(math.exp(-1), abs=0.03)
+    np.testing.assert_allclose((weight > 0).mean(0), 1 - 1 / math.e, atol=0.03)  # distinct labels each member trains on
+    for k in range(size):  # Poisson(1): the online form of the bootstrap's multiplicities
+        assert (weight[:, k] == np.round(weight[:, k])).all()
+        assert weight[:, k].mean() == pytest.approx(1, abs=0.06)
+        assert weight[:, k].var() == pytest.approx(1, abs=0.1)
     p = 1 / math.e
     for i in range(size):
         for j in range(i + 1, size):  # each member draws its own split, independently of the others
             assert (is_val[:, i] == is_val[:, j]).mean() == pytest.approx(p**2 + (1 - p) ** 2, abs=0.03)
+
+
+def test_label_buffer_keeps_every_label_beyond_its_capacity(rng):
+    buffer = fill_buffer(rng, 10, size=2)
+    left, right = make_segments(rng, 4, 5), make_segments(rng, 4, 5)
+    assert buffer.add(left, right, np.ones(4)) == 4  # nothing dropped: the buffer grows
+    assert buffer.size == 14
+    _, _, batch = buffer.get()
+    np.testing.assert_array_equal(batch["obs"][10:, 0].numpy(), left["obs"])
+    np.testing.assert_array_equal(batch["mu"][10:].numpy(), np.ones(4))
+
+
+def test_the_l2_band_compares_validation_loss_with_the_bootstrap_weighted_loss_each_member_trained_on(rng):
+    buffer = fill_buffer(rng, 300, size=3, terminations=True)
+    weight = rng.integers(0, 4, (300, 3)).astype(np.float32)  # multiplicities 0-3, as a bootstrap draws them
+    buffer.data["weight"][:300], buffer.data["is_val"][:300] = weight, weight == 0
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    train_loss, val_loss, _ = rl.evaluate_reward_model(ensemble, buffer, 0.1, 1.0)
+    left, right, batch = buffer.get()
+    with torch.no_grad():
+        losses = rl.preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], 0.1)
+    w = torch.as_tensor(weight).T
+    torch.testing.assert_close(train_loss, (losses * w).sum(1) / w.sum(1))
+    torch.testing.assert_close(val_loss, torch.stack([losses[k][weight[:, k] == 0].mean() for k in range(3)]))
 
 
 def test_training_ignores_the_labels_a_member_gives_weight_zero(rng):
@@ -417,6 +442,8 @@ SCHEDULES = [
     {"total_timesteps": 30000, "labels": 101, "segment_len": 25},
     {"total_timesteps": 2_000_001, "num_envs": 4, "num_steps": 512, "labels": 1401, "pretrain_fraction": 0.3},
     {"total_timesteps": 9999, "num_steps": 1024, "pretrain_steps": 1000, "labels": 77, "pretrain_fraction": 0.5},
+    {"total_timesteps": 30000, "labels": 2},  # a quarter of 2 rounds to 0: the reward model still gets one label
+    {"total_timesteps": 30000, "labels": 1},
 ]
 
 
@@ -429,7 +456,7 @@ def test_label_schedule_spends_the_budget_exactly_at_the_c17_rate(overrides):
     pre = args.pretrain_iterations
     assert per_iteration.shape == (args.num_iterations,) and pre >= 1
     assert (per_iteration >= 0).all() and per_iteration.sum() == args.labels
-    pretrain = round(args.labels * args.pretrain_fraction)
+    pretrain = max(1, round(args.labels * args.pretrain_fraction))  # RL never starts without a reward model
     assert per_iteration[:pre].sum() == pretrain
     assert per_iteration[:pre].max() - per_iteration[:pre].min() <= 1  # spread evenly over the initial policy's rollouts
     steps_so_far = np.arange(pre + 1, args.num_iterations + 1) * args.batch_size
