@@ -6,6 +6,7 @@ import sqlite3
 import sys
 import threading
 import time
+import traceback
 import urllib.parse
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -37,9 +38,12 @@ class Args:
     """largest clip upload accepted (413 above it)"""
     max_json_bytes: int = 64 * 1024
     """largest JSON request body accepted (413 above it)"""
+    quiet: bool = False
+    """no line per request on stderr (errors and their tracebacks are still logged)"""
 
 
 CHOICES = ("left", "right", "equal", "cant_tell")
+METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot: never a path
 RATER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@ -]{0,63}")
 
@@ -59,9 +63,9 @@ CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 
 
 class ApiError(Exception):
-    def __init__(self, status, message):
+    def __init__(self, status, message, headers=None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers or {}
 
 
 def majority_vote(choices):
@@ -275,6 +279,12 @@ def sniff_content_type(data, declared):
     return declared if declared and declared.startswith(("video/", "image/")) else "application/octet-stream"
 
 
+def plain_int(text):
+    """A count or sequence number: 1-18 ASCII digits (str.isdigit also takes '²', int() fails on 5000 digits and SQLite
+    on 2**63), else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def require_id(value, what):
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise ApiError(
@@ -294,18 +304,46 @@ def make_handler(store, args):
         protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
         server_version = "label_server"
 
-        def log_message(self, format, *log_args):  # quieter than the default: errors only
+        # --- logging: one line per request on stderr (not with --quiet), written once it is answered ---
+        def handle_one_request(self):
+            self.started, self.status, self.body_read = time.monotonic(), None, False
+            self.command, self.path = None, ""  # not the previous request's on this connection, if this one is garbage
+            super().handle_one_request()
+            if self.status is not None and not args.quiet:
+                # the path without its query, and never a header: the token stays out of the log
+                path = urllib.parse.urlsplit(self.path).path or "-"
+                ms = 1000 * (time.monotonic() - self.started)
+                self.log_message("%s %s %d %.1f ms", self.command or "-", path, self.status, ms)
+
+        def parse_request(self):
+            self.started = time.monotonic()  # the request's time starts when it arrives, not when the connection idles
+            return super().parse_request()
+
+        def send_response(self, code, message=None):
+            self.status = int(code)
+            super().send_response(code, message)
+
+        def log_request(self, code="-", size="-"):  # the standard library's line per request: ours is written later
             pass
 
         # --- plumbing ---
-        def send_json(self, status, payload):
+        def send_json(self, status, payload, headers=None):
             body = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":  # a reply to HEAD has headers only
+                self.wfile.write(body)
+
+        def send_error(self, code, message=None, explain=None):
+            # what the standard library could not parse (request line, headers): JSON too, and the connection closed,
+            # as the standard library does, since nothing after it can be trusted to be where a request starts
+            self.close_connection = True
+            self.send_json(code, {"error": message or HTTPStatus(code).phrase}, {"Connection": "close"})
 
         def send_empty(self, status):
             self.send_response(status)
@@ -316,12 +354,24 @@ def make_handler(store, args):
             length = self.headers.get("Content-Length")
             if length is None:
                 raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-            if not length.isdigit():
+            if not (length.isascii() and length.isdigit()):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
-            if int(length) > limit:
+            if len(length) > 18 or int(length) > limit:  # int() fails on thousands of digits
                 self.close_connection = True  # the unread body must not be parsed as the next request
                 raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes is over the limit of {limit}")
+            self.body_read = True
             return self.rfile.read(int(length))
+
+        def skip_body(self):
+            """A body no endpoint read (an error came first, or the request takes none) must not be parsed as the next
+            request on this keep-alive connection: read and drop it if small, else close the connection."""
+            if self.body_read:
+                return
+            length = plain_int(self.headers.get("Content-Length", "0"))
+            if self.headers.get("Transfer-Encoding") or length is None or length > args.max_json_bytes:
+                self.close_connection = True
+            elif length:
+                self.rfile.read(length)
 
         def read_json(self):
             raw = self.read_body(args.max_json_bytes)
@@ -329,6 +379,8 @@ def make_handler(store, args):
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {error}") from None
+            except RecursionError:  # "[[[[..." within the size limit is deeper than Python's recursion limit
+                raise ApiError(HTTPStatus.BAD_REQUEST, "malformed JSON: nested too deeply") from None
             if not isinstance(body, dict):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
             return body
@@ -337,43 +389,57 @@ def make_handler(store, args):
             if args.token and self.headers.get("Authorization") != f"Bearer {args.token}":
                 raise ApiError(HTTPStatus.UNAUTHORIZED, "this endpoint needs 'Authorization: Bearer <token>'")
 
+        def route(self, method, parts, query):
+            """The endpoint for (method, path parts), as a function to call; None if there is none."""
+            match (method, parts):
+                case ("GET", [""] | ["index.html"]):
+                    return self.page
+                case ("GET", ["healthz"]):
+                    return lambda: self.send_json(HTTPStatus.OK, {"ok": True, **store.counts()})
+                case ("GET", ["clips", clip_id]):
+                    return lambda: self.get_clip(clip_id)
+                case ("PUT", ["api", "clips", clip_id]):
+                    return lambda: self.put_clip(clip_id)
+                case ("POST", ["api", "pairs"]):
+                    return self.post_pair
+                case ("GET", ["api", "pairs", "next"]):
+                    return lambda: self.next_pair(query)
+                case ("GET", ["api", "pairs", pair_id]):
+                    return lambda: self.get_pair(pair_id)
+                case ("GET", ["api", "stats"]):
+                    return lambda: self.stats(query)
+                case ("POST", ["api", "labels"]):
+                    return self.post_label
+                case ("GET", ["api", "labels"]):
+                    return lambda: self.get_labels(query)
+            return None  # also /clips/../../etc/passwd: clips live in the database, and no route has a path in it
+
         def dispatch(self, method):
             url = urllib.parse.urlsplit(self.path)
             query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
             parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
             try:
-                match (method, parts):
-                    case ("GET", [""] | ["index.html"]):
-                        self.page()
-                    case ("GET", ["healthz"]):
-                        self.send_json(HTTPStatus.OK, {"ok": True, **store.counts()})
-                    case ("GET", ["clips", clip_id]):
-                        self.get_clip(clip_id)
-                    case ("PUT", ["api", "clips", clip_id]):
-                        self.put_clip(clip_id)
-                    case ("POST", ["api", "pairs"]):
-                        self.post_pair()
-                    case ("GET", ["api", "pairs", "next"]):
-                        self.next_pair(query)
-                    case ("GET", ["api", "pairs", pair_id]):
-                        self.require_token()
-                        pair = store.get_pair(require_id(pair_id, "pair_id"))
-                        if pair is None:
-                            raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
-                        self.send_json(HTTPStatus.OK, pair)
-                    case ("GET", ["api", "stats"]):
-                        answered, waiting = store.rater_stats(rater_name(query.get("rater")))
-                        self.send_json(HTTPStatus.OK, {"answered": answered, "waiting": waiting})
-                    case ("POST", ["api", "labels"]):
-                        self.post_label()
-                    case ("GET", ["api", "labels"]):
-                        self.get_labels(query)
-                    case _:  # also /clips/../../etc/passwd: clips live in the database, and no route has a path in it
+                endpoint = self.route(method, parts, query)
+                if endpoint is None:
+                    allowed = ", ".join(m for m in METHODS if self.route(m, parts, query))
+                    if not allowed:
                         raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {url.path}")
+                    message = f"{method} is not allowed on {url.path}: use {allowed}"
+                    raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, message, {"Allow": allowed})
+                endpoint()
             except ApiError as error:
-                self.send_json(error.status, {"error": error.message})
-            except Exception as error:  # a bug must not take the server down: report it, keep serving
-                self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error!r}"})
+                self.send_json(error.status, {"error": error.message}, error.headers)
+            except ConnectionError:  # the client went away (a video element dropping a range request): nobody to answer
+                self.close_connection = True
+                return
+            except Exception as error:  # a bug must not take the server down: log it, report it, keep serving
+                self.log_message("internal error on %s %s, traceback follows", method, url.path)
+                sys.stderr.write(traceback.format_exc())
+                if self.status is None:
+                    self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error!r}"})
+                else:  # the reply had begun: it cannot be replaced by another, only cut short
+                    self.close_connection = True
+            self.skip_body()
 
         def do_GET(self):
             self.dispatch("GET")
@@ -383,6 +449,13 @@ def make_handler(store, args):
 
         def do_POST(self):
             self.dispatch("POST")
+
+        def __getattr__(self, name):
+            # any other method (DELETE, PATCH, HEAD, made-up ones) goes to dispatch for a JSON 405, where the standard
+            # library would answer 501 with an HTML page
+            if name.startswith("do_"):
+                return lambda: self.dispatch(name[3:])
+            raise AttributeError(name)
 
         # --- endpoints ---
         def page(self):
@@ -409,7 +482,8 @@ def make_handler(store, args):
                 raise ApiError(HTTPStatus.NOT_FOUND, f"unknown clip: {clip_id}")
             content_type, data = clip
             start, end, status = 0, len(data) - 1, HTTPStatus.OK
-            match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+            # a number too long for a clip (or for int()) does not match: the Range is ignored, as HTTP allows
+            match = re.fullmatch(r"bytes=([0-9]{0,18})-([0-9]{0,18})", self.headers.get("Range", ""))
             if match and (match[1] or match[2]):
                 if match[1]:
                     start, end = int(match[1]), min(int(match[2]) if match[2] else end, end)
@@ -456,6 +530,17 @@ def make_handler(store, args):
             created = store.add_pair(pair)
             self.send_json(HTTPStatus.CREATED if created else HTTPStatus.OK, {"pair_id": pair["pair_id"], "created": created})
 
+        def get_pair(self, pair_id):
+            self.require_token()
+            pair = store.get_pair(require_id(pair_id, "pair_id"))
+            if pair is None:
+                raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
+            self.send_json(HTTPStatus.OK, pair)
+
+        def stats(self, query):
+            answered, waiting = store.rater_stats(rater_name(query.get("rater")))
+            self.send_json(HTTPStatus.OK, {"answered": answered, "waiting": waiting})
+
         def next_pair(self, query):
             rater = rater_name(query.get("rater"))
             pair = store.next_pair(rater)
@@ -478,11 +563,11 @@ def make_handler(store, args):
         def get_labels(self, query):
             self.require_token()
             experiment = require_id(query.get("experiment"), "experiment")
-            since = query.get("since", "0")
-            if not since.isdigit():
-                raise ApiError(HTTPStatus.BAD_REQUEST, "'since' must be a non-negative integer")
-            labels = store.labels_since(experiment, int(since))
-            self.send_json(HTTPStatus.OK, {"labels": labels, "last_seq": labels[-1]["seq"] if labels else int(since)})
+            since = plain_int(query.get("since", "0"))
+            if since is None:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'since' must be a non-negative integer (at most 18 digits)")
+            labels = store.labels_since(experiment, since)
+            self.send_json(HTTPStatus.OK, {"labels": labels, "last_seq": labels[-1]["seq"] if labels else since})
 
     return Handler
 

@@ -119,6 +119,22 @@ class LabelServer:
             raise RuntimeError(f"label server did not start: {first}{self.process.stderr.read()}")
         self.url = first.split()[3].rstrip("/")
         self.port = int(self.url.rsplit(":", 1)[1])
+        # the server logs a line per request on stderr: read it as it comes, or a full pipe would block the server
+        self.log_lines = []
+        self.log_reader = threading.Thread(target=self._read_log, daemon=True)
+        self.log_reader.start()
+
+    def _read_log(self):
+        for line in self.process.stderr:
+            self.log_lines.append(line)
+
+    def log(self, until=None, timeout=30):
+        """The server's stderr so far; with `until`, first wait (up to `timeout` seconds) for a line containing it (the
+        server writes a request's line just after its reply)."""
+        deadline = time.time() + timeout
+        while until is not None and not any(until in line for line in list(self.log_lines)) and time.time() < deadline:
+            time.sleep(0.05)
+        return "".join(list(self.log_lines))
 
     def call(self, method, path, body=None, token=None, raw=None, headers=None):
         """(status, parsed JSON body or None) of one request; `raw` sends bytes as they are."""
@@ -146,6 +162,7 @@ class LabelServer:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self.log_reader.join(timeout=10)  # the pipe ends when the process does: every line is in log_lines
         self.process.stdout.close()
         self.process.stderr.close()
 

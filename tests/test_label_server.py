@@ -1,9 +1,14 @@
 """label_server.py's HTTP API, against a real server process on a free port: the labelling cycle, idempotency,
-overlap with majority vote, golden pairs, the token, bad input, and kill -9 losing nothing acknowledged."""
+overlap with majority vote, golden pairs, the token, bad input, unsupported methods, the server's log, and kill -9
+losing nothing acknowledged."""
 
+import http.client
+import json
+import re
 import socket
 import sqlite3
 import threading
+from contextlib import closing
 
 import label_server as ls
 import pytest
@@ -231,6 +236,10 @@ def raw_request(port, data):
         ("PUT", "/api/clips/a%2Fb", b"x", 400, "clip_id"),
         ("PUT", "/api/clips/empty", b"", 400, "empty clip"),
         ("GET", "/api/nothing", None, 404, "no such endpoint"),
+        ("DELETE", "/api/nothing", None, 404, "no such endpoint"),
+        ("GET", "/api/labels?experiment=exp&since=99999999999999999999", None, 400, "since"),  # over SQLite's INTEGER
+        ("GET", "/api/labels?experiment=exp&since=%C2%B2", None, 400, "since"),  # '²' is a digit to str.isdigit
+        ("POST", "/api/pairs", b"[" * 5000, 400, "malformed JSON"),  # nested deeper than Python's recursion limit
     ],
 )
 def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(label_server, method, path, body, status, message):
@@ -313,3 +322,125 @@ def test_the_page_is_served_with_the_keys_of_c17(label_server):
     assert status == 200 and "<video" in html
     for key, choice in [("ArrowLeft", "left"), ("ArrowRight", "right"), ("ArrowUp", "equal"), ("ArrowDown", "cant_tell")]:
         assert f'{key}: "{choice}"' in html
+
+
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        (b"POST /api/labels HTTP/1.1\r\nContent-Length: \xb2", 400),  # '\xb2' is '²' in latin-1: a digit to str.isdigit
+        (b"POST /api/labels HTTP/1.1\r\nContent-Length: " + b"9" * 5000, 413),  # too many digits for int()
+        (b"GET /clips/p1-l HTTP/1.1\r\nRange: bytes=" + b"9" * 5000 + b"-", (200, 416)),
+    ],
+)
+def test_numbers_python_cannot_convert_are_bad_input_not_a_crash(label_server, head, status):
+    server = label_server()
+    post_pair(server, "p1")
+    line, _ = raw_request(server.port, head + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert int(line.split()[1]) in (status if isinstance(status, tuple) else (status,)), line
+
+
+# looks like a request: if the server read it as the next one on a keep-alive connection, it would answer it (404)
+# in place of the request that really comes next
+SMUGGLED = b"GET /api/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+
+
+def healthz_on(connection):
+    """GET /healthz on an open keep-alive connection: (status, body)."""
+    connection.request("GET", "/healthz")
+    reply = connection.getresponse()
+    return reply.status, json.loads(reply.read())
+
+
+@pytest.mark.parametrize(
+    "method, path, allow",
+    [
+        ("DELETE", "/api/pairs/p1", "GET"),
+        ("PUT", "/api/pairs", "POST"),
+        ("PATCH", "/api/labels", "GET, POST"),
+        ("OPTIONS", "/", "GET"),
+        ("HEAD", "/healthz", "GET"),
+        ("BREW", "/api/clips/c1", "PUT"),  # a method nobody has heard of
+    ],
+)
+def test_unsupported_methods_get_a_json_405_with_allow_and_the_server_keeps_serving(label_server, method, path, allow):
+    server = label_server()
+    post_pair(server, "p1")
+    with closing(http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)) as connection:
+        connection.request(method, path, body=SMUGGLED)
+        reply = connection.getresponse()
+        body = reply.read()
+        assert reply.status == 405, (reply.status, body)
+        assert reply.getheader("Allow") == allow and reply.getheader("Content-Type") == "application/json"
+        if method != "HEAD":  # a reply to HEAD has no body
+            error = json.loads(body)["error"]
+            assert method in error and allow in error, error
+        # the same connection (or a new one, if the server closed it) goes on with the next request, not with the body
+        assert healthz_on(connection) == (200, {"ok": True, "clips": 2, "pairs": 1, "answers": 0, "labels": 0})
+
+
+def test_a_body_left_unread_by_an_error_is_never_read_as_the_next_request(label_server):
+    server = label_server(token="s3cret")
+    with closing(http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)) as connection:
+        for method, path, headers, status in [
+            ("PUT", "/api/clips/c1", {}, 401),  # refused before the clip is read
+            ("PUT", "/api/clips/.c1", {"Authorization": "Bearer s3cret"}, 400),
+            ("POST", "/api/nothing", {}, 404),
+        ]:
+            connection.request(method, path, body=SMUGGLED, headers=headers)
+            reply = connection.getresponse()
+            reply.read()
+            assert reply.status == status
+            assert healthz_on(connection)[0] == 200
+
+
+def test_each_request_is_logged_in_one_line_without_secrets(label_server):
+    server = label_server(token="s3cret")
+    post_pair(server, "p1")  # PUT, PUT, POST
+    assert server.call("GET", "/api/pairs/next?rater=ann")[0] == 200
+    assert server.call("GET", "/api/nothing")[0] == 404
+    expected = [
+        ("PUT", "/api/clips/p1-l", 201),
+        ("PUT", "/api/clips/p1-r", 201),
+        ("POST", "/api/pairs", 201),
+        ("GET", "/api/pairs/next", 200),  # without the query
+        ("GET", "/api/nothing", 404),
+    ]
+    for method, path, status in expected:
+        log = server.log(until=f" {method} {path} {status} ")
+        (line,) = [line for line in log.splitlines() if f" {method} {path} {status} " in line]
+        assert re.search(r"\b127\.0\.0\.1\b.* \d+\.\d ms$", line), line  # who asked, and how long it took
+    assert len(log.splitlines()) == len(expected), log  # one line per request, nothing else
+    assert "s3cret" not in log and "rater=ann" not in log
+
+
+def test_quiet_logs_no_line_per_request(label_server):
+    server = label_server("--quiet")
+    with closing(http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)) as connection:
+        for method, path in [("GET", "/healthz"), ("GET", "/api/nothing"), ("DELETE", "/healthz"), ("GET", "/")]:
+            connection.request(method, path)
+            connection.getresponse().read()
+    # one connection's requests are served one after the other: the line of each but the last was written before
+    # the next was read
+    server.stop()
+    assert server.log() == ""
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_an_internal_error_answers_500_logs_its_traceback_and_the_server_recovers(label_server, tmp_path, quiet):
+    db = tmp_path / "labels.sqlite"
+    server = label_server(*(["--quiet"] if quiet else []), db=db)
+    # someone holds the database's write lock (an sqlite3 shell in a transaction, a backup) past SQLite's busy timeout
+    with closing(sqlite3.connect(db, isolation_level=None)) as other:
+        other.execute("BEGIN EXCLUSIVE")
+        status, reply = server.call("PUT", "/api/clips/c1", raw=CLIP)
+        other.execute("ROLLBACK")
+    assert status == 500 and "database is locked" in reply["error"], reply
+    log = server.log(until="OperationalError: database is locked")
+    assert "PUT /api/clips/c1" in log and "Traceback (most recent call last)" in log, log
+    assert "sqlite3.OperationalError: database is locked" in log, log
+    # the lock gone, the server serves again, the same request included
+    assert server.call("PUT", "/api/clips/c1", raw=CLIP)[0] == 201
+    assert server.call("GET", "/healthz")[1]["clips"] == 1
+    server.stop()
+    assert (" PUT /api/clips/c1 500 " in server.log()) != quiet
+    assert (" GET /healthz 200 " in server.log()) != quiet

@@ -81,7 +81,9 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {run_dir} at step {stopped_at}" in resumed.stdout
     # environments, random streams, statistics, counters: all continue where they were, so nothing differs
-    expected, actual = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (only_run_dir(tmp_path / "whole"), run_dir))
+    expected, actual = (
+        torch.load(d / "checkpoint.pt", weights_only=False) for d in (only_run_dir(tmp_path / "whole"), run_dir)
+    )
     for part in ("agent", "reward_ensemble"):
         for name, tensor in expected[part].items():
             assert torch.equal(tensor, actual[part][name]), f"{part}.{name} differs after the resume"
