@@ -57,6 +57,9 @@ class Args:
     # Algorithm specific arguments
     env: str = "Hopper-v4"
     """the id of the MuJoCo environment (gymnasium v4 or v5)"""
+    env_kwargs: str = "{}"
+    """keyword arguments of the environment, as JSON; e.g. '{"ctrl_cost_weight": 0}': C17 A.1's reward without torque
+    penalties (README: departures from C17)"""
     total_timesteps: int = 1000000
     """total timesteps of the experiments (RLHF pretraining rollouts included)"""
     learning_rate: float = 3e-4
@@ -168,9 +171,16 @@ def validate_args(args: Args) -> None:
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise SystemExit(f"error: unknown environment id '{args.env}'.{hint}")
     try:
-        probe = gym.make(args.env)
-    except Exception as error:  # e.g. a registered id whose simulator is not installed
-        raise SystemExit(f"error: cannot create {args.env}: {error}") from None
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError:
+        env_kwargs = None
+    if not isinstance(env_kwargs, dict):
+        example = """'{"ctrl_cost_weight": 0}'"""
+        raise SystemExit(f"error: --env-kwargs must be a JSON object, e.g. {example} (got {args.env_kwargs})")
+    try:
+        probe = gym.make(args.env, **env_kwargs)
+    except Exception as error:  # e.g. a registered id whose simulator is not installed, or a keyword it does not take
+        raise SystemExit(f"error: cannot create {args.env} with --env-kwargs {args.env_kwargs}: {error}") from None
     continuous = isinstance(probe.action_space, gym.spaces.Box) and len(probe.observation_space.shape) == 1
     probe.close()
     if not continuous:
@@ -272,13 +282,13 @@ class RecordEpisodeVideo(gym.Wrapper):
         super().close()
 
 
-def make_env(env_id, idx, capture_video, run_dir):
+def make_env(env_id, idx, capture_video, run_dir, env_kwargs):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", width=160, height=160)
+            env = gym.make(env_id, render_mode="rgb_array", width=160, height=160, **env_kwargs)
             env = RecordEpisodeVideo(env, f"{run_dir}/videos")
         else:
-            env = gym.make(env_id)
+            env = gym.make(env_id, **env_kwargs)
         env = gym.wrappers.RecordEpisodeStatistics(env)  # innermost: charts/episodic_return is the standard true return
         env = gym.wrappers.ClipAction(env)
         return env
@@ -551,8 +561,11 @@ class HumanTeacher:
     is down, so training goes on while people label (C17 2.2: asynchronous). Pairs not yet answered are saved with
     the run (save/load) and asked again when it resumes."""
 
-    def __init__(self, env_id, server, token, experiment, instruction, clip_size=160, clip_fps=30, poll_interval=2.0):
-        self.env_id, self.server, self.token, self.experiment = env_id, server.rstrip("/"), token, experiment
+    def __init__(
+        self, env_id, server, token, experiment, instruction, clip_size=160, clip_fps=30, poll_interval=2.0, env_kwargs=None
+    ):
+        self.env_id, self.env_kwargs = env_id, env_kwargs or {}
+        self.server, self.token, self.experiment = server.rstrip("/"), token, experiment
         self.instruction, self.clip_size, self.clip_fps, self.poll_interval = instruction, clip_size, clip_fps, poll_interval
         self.lock = threading.Lock()
         self.queued = []  # pair ids still to render, upload and post
@@ -666,7 +679,8 @@ class HumanTeacher:
 
     def _work(self):
         try:
-            render_env = gym.make(self.env_id, render_mode="rgb_array", width=self.clip_size, height=self.clip_size)
+            size = {"width": self.clip_size, "height": self.clip_size}
+            render_env = gym.make(self.env_id, render_mode="rgb_array", **size, **self.env_kwargs)
             render_env.reset(seed=0)
             last_poll = 0.0
             while not self.stop.is_set():
@@ -849,10 +863,10 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
 
 
 # Evaluation of a saved agent
-def evaluate(checkpoint_path, env_id, episodes, seed=0):
-    """True (standard-rules) returns of the saved agent acting with its mean action."""
+def evaluate(checkpoint_path, env_id, episodes, seed=0, env_kwargs=None):
+    """True returns (the environment's reward, with --env-kwargs) of the saved agent acting with its mean action."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, **(env_kwargs or {})))
     obs_rms = RunningMeanStd()
     obs_rms.load_state_dict(checkpoint["obs_rms"])
     agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
@@ -945,7 +959,7 @@ if __name__ == "__main__":
         keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
         args = Args(**{**checkpoint["args"], **keep})
         if args.eval_only:
-            returns = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed)
+            returns = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed, json.loads(args.env_kwargs))
             print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
             sys.exit(0)
         run_dir = os.path.normpath(args.resume)
@@ -973,7 +987,7 @@ if __name__ == "__main__":
 
     # env setup
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        [make_env(args.env, i, args.capture_video, run_dir, json.loads(args.env_kwargs)) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
@@ -1005,7 +1019,14 @@ if __name__ == "__main__":
     elif args.feedback == "human":
         experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
         teacher = HumanTeacher(
-            args.env, args.label_server, args.label_token, experiment, args.instruction, args.clip_size, args.clip_fps
+            args.env,
+            args.label_server,
+            args.label_token,
+            experiment,
+            args.instruction,
+            args.clip_size,
+            args.clip_fps,
+            env_kwargs=json.loads(args.env_kwargs),
         )
         print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
 
@@ -1166,7 +1187,9 @@ if __name__ == "__main__":
                     rollout["sim_state"] = sim_states
                 # C17 2.2.4 selection; before RL the members are untrained and their disagreement is noise: random pairs
                 selection = "random" if pretraining else args.selection
-                left, right = select_pairs(rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection)
+                left, right = select_pairs(
+                    rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection
+                )
                 teacher.ask(left, right)
             if iteration == args.pretrain_iterations and args.feedback == "human":
                 teacher.wait_for_all(stop)  # people label asynchronously, but RL cannot start without these

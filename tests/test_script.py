@@ -158,10 +158,32 @@ def test_a_teacher_that_answers_no_pretraining_pair_stops_the_run_with_a_message
         ("--eval-only", "--eval-only needs --resume"),
         ("--resume runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt"),
         ("--env CartPole-v1", "is not a MuJoCo-style task"),
+        ("--env-kwargs ctrl_cost_weight=0", "--env-kwargs must be a JSON object"),
+        ('--env-kwargs {"no_such_keyword":1}', "cannot create Hopper-v4 with --env-kwargs"),
     ],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
+
+
+def test_env_kwargs_give_c17s_reward_without_torque_penalties(tmp_path):
+    """C17 A.1 removed the torque penalty from the reward: with ctrl_cost_weight 0, the same actions (the first
+    rollout, before any update) earn exactly the standard return plus the penalties the standard reward takes off."""
+    returns = {}
+    for name, kwargs in (("standard", "{}"), ("c17", '{"ctrl_cost_weight":0}')):
+        (tmp_path / name).mkdir()
+        result = run_script(tmp_path / name, TINY + f" --feedback true-reward --env-kwargs {kwargs}")
+        assert result.returncode == 0, result.stderr
+        logged = scalars(only_run_dir(tmp_path / name))
+        returns[name] = [
+            (v, length)
+            for (s, v), (_, length) in zip(logged["charts/episodic_return"], logged["charts/episodic_length"])
+            if s <= 512
+        ]
+    assert len(returns["standard"]) >= 3
+    for (standard, length), (c17, same_length) in zip(returns["standard"], returns["c17"]):
+        assert length == same_length  # the same episodes
+        assert 0 < c17 - standard < 1e-3 * 3 * length + 1e-4  # each step's penalty is 1e-3 x |action|^2, actions clipped to 1
 
 
 def test_capture_video_writes_playable_clips(tmp_path):
