@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -124,10 +124,12 @@ class Args:
     reward_batch_size: int = 16
     """preference pairs per reward-model gradient step (each pair is 2 x 25 frame stacks)"""
     reward_train_every: int = 64
-    """A2C iterations per reward-model gradient step during RL (C17 trains it in parallel with RL and gives no rate):
-    a thread takes each step while A2C runs this many iterations, and A2C waits for it if it is not done by then. On
-    Pong (benchmark/README.md, one seed each) 64 and 16 both learned, 64 sooner, and at 64 RLHF runs at 0.7-0.8 of
-    the true-reward steps/s on a 2-core CPU (16: 0.6, 8: 0.6)"""
+    """A2C iterations per reward-model gradient step during RL (C17 trains it in parallel with RL): a thread takes
+    each step while A2C runs this many iterations, and A2C waits for it if it is not done by then. Labels processed per
+    RL step = --reward-batch-size / (this x --num-envs x --num-steps): 16 / (64 x 80) = 1 per 320 steps by default,
+    32x fewer than C17 A.2's about 1 per 10 steps (--reward-train-every 2 would match it). On Pong
+    (benchmark/README.md, one seed each) 64 and 16 both learned, 64 sooner, and at 64 RLHF runs at 0.7-0.8 of the
+    true-reward steps/s on a 2-core CPU (16: 0.6, 8: 0.6)"""
     reward_eval_every: int = 50
     """reward-model gradient steps between validation passes (losses, accuracy, L2 adaptation, normalisation)"""
     reward_eval_labels: int = 256
@@ -150,7 +152,7 @@ class Args:
     policy reaches states no labelled clip showed), or the steps of the labelled clips (set at each validation pass)"""
     reward_norm_window: int = 100
     """with --reward-normalization policy: the statistics cover this many latest iterations (x 80 steps by default);
-    not checkpointed: a resumed run starts the window again"""
+    the window is checkpointed"""
     label_noise: float = 0.1
     """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
     teacher_beta: float = float("inf")
@@ -333,6 +335,15 @@ def validate_args(args: Args) -> None:
         )
     if not labelling:
         return
+    # RLHF: labels are asked only at the end of whole rounds: a run must reach one after pretraining to spend its budget
+    if args.num_iterations < args.pretrain_iterations + args.iterations_per_round:
+        minimum = (args.pretrain_iterations + args.iterations_per_round) * args.batch_size
+        raise SystemExit(
+            f"error: --total-timesteps {args.total_timesteps} reaches no label round after the "
+            f"{args.pretrain_iterations * args.batch_size} pretraining steps (labels are asked every {args.num_envs} x "
+            f"{args.round_steps} steps), so --labels {args.labels} could not be spent: use --total-timesteps {minimum} "
+            "or more"
+        )
     if args.feedback == "human":
         if not args.label_server.startswith(("http://", "https://")):
             raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
@@ -369,7 +380,8 @@ def validate_args(args: Args) -> None:
 def label_schedule(args: Args) -> np.ndarray:
     """Labels to query at each label round (one per `round_steps` steps per environment): `pretrain_labels` spread over
     the initial policy's rounds, the rest at a rate proportional to horizon / (T + horizon), T = steps so far. Sums
-    exactly to args.labels, whatever --total-timesteps is."""
+    exactly to args.labels, whatever --total-timesteps is (validate_args makes sure a round follows pretraining)."""
+    # the label rounds the run reaches (the steps after the last whole round ask none)
     num_rounds = args.num_iterations // args.iterations_per_round
     pretrain_rounds = args.pretrain_iterations // args.iterations_per_round
     per_round = np.zeros(num_rounds, dtype=np.int64)
@@ -495,6 +507,8 @@ class RewardEnsemble(nn.Module):
     @torch.no_grad()
     def fit_normalization(self, raw, target_std=0.05):
         """Set the normalisation from raw member rewards (size, n) of the steps the teacher has judged."""
+        if raw.shape[1] < 2:  # no spread to measure (no label yet): the normalisation stays as it is
+            return
         self.member_mean.copy_(raw.mean(1))
         self.member_std.copy_(raw.std(1) + 1e-8)
         averaged = ((raw - self.member_mean[:, None]) / self.member_std[:, None]).mean(0)
@@ -647,8 +661,9 @@ def stack_segments(segments):
 class SyntheticTeacher:
     """Prefers the segment with more game score (C17 3.1; equal scores are a tie), optionally with the noise of
     B-Pref's simulated teachers (Lee et al. 2021). Teachers share one interface: ask(left, right) queues pairs; poll()
-    returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal; pairs the teacher
-    skips or cannot tell apart are dropped."""
+    returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal (exact ties, or
+    scores within --teacher-equal-margin); pairs the teacher skips are dropped, and the next label round asks for them
+    again (the budget counts only labels in the buffer)."""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -872,9 +887,12 @@ class HumanTeacher:
 
 # RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
 class LabelBuffer:
-    """The latest `capacity` preference labels (C17 A.2: 3000), oldest replaced first. For each member, a label is
-    held out for validation with probability 1/e (C17 2.2.3); otherwise it gets a Poisson(1) weight, the online form of
-    a bootstrap resample. Memory is allocated as labels arrive (about 400 KB each)."""
+    """The latest `capacity` preference labels (C17 A.2: 3000), oldest replaced first (`total` still counts them: the
+    budget never asks for a replaced label again). Each member gives each label a Poisson(1) weight, the online form
+    of a bootstrap resample (C17 2.2.3: an ensemble trained on bootstrapped data); the labels its resample leaves out
+    (weight 0, probability 1/e: C17's "1/e of the data held out") are that member's validation set, so each member
+    trains on about 63% distinct labels and validates on the other 37%. Memory is allocated as labels arrive (about
+    400 KB each)."""
 
     def __init__(self, capacity, segment_len, ensemble_size, rng):
         self.rng, self.capacity, self.size, self.total = rng, capacity, 0, 0
@@ -891,9 +909,9 @@ class LabelBuffer:
         """Store labels (a new validation split and bootstrap weights unless given); returns what was stored, in the
         form `add` takes back (is_val, weight included), for saving."""
         n, members = len(mu), self.data["is_val"].shape[1]
-        if is_val is None:
-            is_val = self.rng.random((n, members)) < 1 / math.e
-            weight = np.where(is_val, 0, self.rng.poisson(1.0, (n, members))).astype(np.float32)
+        if is_val is None:  # new labels (saved ones are reloaded with the split they had, older versions' included)
+            weight = self.rng.poisson(1.0, (n, members)).astype(np.float32)
+            is_val = weight == 0  # out of bag
         slots = (self.total + np.arange(n)) % self.capacity
         for key in SEGMENT_KEYS:
             self.data[key][slots, 0], self.data[key][slots, 1] = left[key], right[key]
@@ -935,6 +953,8 @@ def load_labels(folder, buffer):
 @torch.no_grad()
 def label_step_rewards(ensemble, labels, chunk=32):
     """Raw step rewards of each member for every step of the labelled segments: (size, n, 2, L), in chunks."""
+    if len(labels["mu"]) == 0:
+        return torch.zeros((ensemble.size, 0, *labels["act"].shape[1:]), device=ensemble.device)
     return torch.cat(
         [segment_rewards(ensemble, labels["frames"][i : i + chunk]) for i in range(0, len(labels["mu"]), chunk)],
         1,
@@ -976,9 +996,10 @@ def fit_step(ensemble, optimizer, batch, l2_coef, label_noise, held_out, target_
 
 
 def evaluate_reward_model(ensemble, buffer, count, label_noise, target_std):
-    """On the `count` most recent labels: training and validation loss of each member on its own split, and the
-    share of held-out strict preferences each member orders correctly (averaged over members). Also refits the
-    reward normalisation on the steps of those labels."""
+    """On the `count` most recent labels: each member's training loss (weighted by its bootstrap weights: the loss
+    it trains on) and validation loss (on the labels its resample left out), and the share of held-out strict
+    preferences each member orders correctly (averaged over members). Also refits the reward normalisation on the
+    steps of those labels."""
     return score_labels(ensemble, buffer.get(buffer.latest(count)), label_noise, target_std)
 
 
@@ -990,8 +1011,9 @@ def score_labels(ensemble, labels, label_noise, target_std):
     mu = torch.as_tensor(labels["mu"], device=ensemble.device)
     losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
     is_val = torch.as_tensor(labels["is_val"], device=ensemble.device).T.float()
-    is_train = 1 - is_val
-    train_loss = (losses * is_train).sum(1) / is_train.sum(1).clamp(min=1)
+    weight = torch.as_tensor(labels["weight"], device=ensemble.device).T  # (members, labels)
+    # the loss each member trains on (reward_step): the adaptive L2 compares its validation loss with this one
+    train_loss = (losses * weight).sum(1) / weight.sum(1)  # NaN for a member with no weighted label here
     val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
     correct = ((returns[..., 0] > returns[..., 1]).float() == mu).float()
     judged = is_val * (mu != 0.5).float()  # "equal" answers have no right order
@@ -1008,8 +1030,8 @@ def pin_level(ensemble, stacks, before):
 
 
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
-    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
-    loss, no held-out label yet, leaves the coefficient as it is)."""
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN loss, no
+    held-out or no weighted label yet, leaves the coefficient as it is)."""
     ratio = val_loss / train_loss.clamp(min=1e-8)
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
 
@@ -1096,7 +1118,7 @@ if __name__ == "__main__":
     optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
     # RLHF: reward ensemble, labels and teacher
-    ensemble = fitting = reward_optimizer = buffer = teacher = None
+    ensemble = fitting = fitting_rng = reward_optimizer = buffer = teacher = None
     l2_coef = torch.full((args.ensemble_size,), 1e-4, device=device)
     schedule = label_schedule(args) if rlhf and not frozen else None
     labels_dir = f"{run_dir}/labels"
@@ -1107,7 +1129,9 @@ if __name__ == "__main__":
         ensemble = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
         fitting = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
         fitting.load_state_dict(ensemble.state_dict())
-        fitting_rng = torch.Generator(device).manual_seed(args.seed)  # its dropout's own random stream
+        # its dropout's own random stream, with a seed of its own (not the global torch generator's) drawn from the run's
+        dropout_seed = int(np.random.SeedSequence(args.seed).spawn(1)[0].generate_state(1, np.uint64)[0])
+        fitting_rng = torch.Generator(device).manual_seed(dropout_seed)
         for module in fitting.modules():
             if isinstance(module, ByteDropout):
                 module.generator = fitting_rng
@@ -1159,6 +1183,19 @@ if __name__ == "__main__":
         # a run resumes at the start of the label round it was stopped in (a round's steps are its label pool)
         start_iteration = checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
         global_step = (start_iteration - 1) * args.batch_size
+        # every random stream goes on where it stopped: new labels get new validation splits and bootstrap weights,
+        # new pairs, batches and dropout masks (the games restart: the emulators' state is not saved). Checkpoints of
+        # older versions have none: their streams restart from the seed
+        random_states = checkpoint.get("random_states") or {}
+        if "numpy" in random_states:
+            rng.bit_generator.state = random_states["numpy"]
+            np.random.set_state(random_states["numpy_global"])
+            random.setstate(random_states["python"])
+            torch.set_rng_state(random_states["torch"])
+            if random_states["torch_cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(random_states["torch_cuda"])
+            if fitting_rng is not None and random_states["reward_dropout"] is not None:
+                fitting_rng.set_state(random_states["reward_dropout"])
         print(f"resumed {run_dir} at step {global_step} with {buffer.total if rlhf else 0} labels")
 
     # ALGO Logic: Storage setup
@@ -1170,9 +1207,11 @@ if __name__ == "__main__":
     predicted_episode_return = np.zeros(args.num_envs)
 
     def save_checkpoint():
-        """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
+        """Everything needed to evaluate the agent or resume the run after the last completed iteration, as if it had
+        never stopped (but for the games' state)."""
         if reward_job is not None:
             wait([reward_job])  # the reward thread's step in progress (its error, if any, is raised where RL waits)
+        step_done = reward_job is not None and reward_job.exception() is None  # A2C takes its weights at the next one
         state = {
             "args": vars(args),
             "agent": agent.state_dict(),
@@ -1183,6 +1222,20 @@ if __name__ == "__main__":
             "l2_coef": l2_coef,
             "global_step": completed_step,
             "iteration": completed,
+            # RLHF: what else decides what comes next: every random stream, the reward-fit counter (when validation
+            # and the L2 adaptation run), the finished step's validation, the latest figures, the policy reward window
+            "random_states": {
+                "numpy": rng.bit_generator.state,  # pairs, teacher, validation splits, bootstrap weights, batches
+                "numpy_global": np.random.get_state(),
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),  # A2C's actions
+                "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "reward_dropout": fitting_rng.get_state() if fitting_rng is not None else None,
+            },
+            "reward_steps": reward_steps,
+            "reward_step_done": (reward_job.result(),) if step_done else None,
+            "reward_losses": (train_loss, val_loss, val_accuracy),
+            "policy_rewards": list(policy_normalizer.recent),
         }
         torch.save(state, checkpoint_path + ".tmp")
         os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
@@ -1203,6 +1256,16 @@ if __name__ == "__main__":
     reward_job = None  # RLHF: the reward thread's latest step (a Future)
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
     val_accuracy = math.nan
+    if checkpoint is not None and "reward_steps" in checkpoint:  # RLHF: the counters of the stopped run (see above)
+        reward_steps = checkpoint["reward_steps"]
+        train_loss, val_loss, val_accuracy = checkpoint["reward_losses"]
+        policy_normalizer.recent.extend(checkpoint["policy_rewards"])
+        if checkpoint["reward_step_done"] is not None:  # the step the run took last: A2C takes it as it would have
+            validation = checkpoint["reward_step_done"][0]
+            if validation is not None:  # the losses were saved from the device; adapt_l2 uses them there
+                validation = (validation[0].to(device), validation[1].to(device), validation[2])
+            reward_job = Future()
+            reward_job.set_result(validation)
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
     # `kill`, `timeout` or a cluster's scheduler (SIGTERM) stops the run as Ctrl-C does: the checkpoint is written
@@ -1258,6 +1321,20 @@ if __name__ == "__main__":
                     save_labels(labels_dir, stored | {"end": buffer.total})
                 if args.feedback == "human":
                     teacher.save(pending_path)  # in step with the saved labels: their answers are not fetched again
+                if iteration == args.pretrain_iterations and buffer.size == 0:
+                    # RLHF: a reward model fitted on nothing gives NaN: stop (labels and checkpoint are saved below)
+                    if args.feedback == "human":
+                        why = (
+                            "every pair from the initial policy was answered 'can't tell'. Label the new pairs a "
+                            f"resumed run asks (--resume {run_dir}, for a run started with --save-model)"
+                        )
+                    else:
+                        why = (
+                            "the synthetic teacher skipped every pair from the initial policy (both segments' returns "
+                            f"below --teacher-skip-threshold {args.teacher_skip_threshold:g}). Start again with a lower "
+                            "--teacher-skip-threshold, or more --pretrain-steps"
+                        )
+                    raise SystemExit(f"error: no label to pretrain the reward model on: {why}")
                 if iteration == args.pretrain_iterations:  # C17 A.2: 200 epochs on the pretraining labels
                     epoch_steps, fit_start = math.ceil(buffer.size / args.reward_batch_size), time.time()
                     for epoch in range(1, args.pretrain_epochs + 1):
@@ -1283,7 +1360,7 @@ if __name__ == "__main__":
                             )
                             l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
                             line += (
-                                f", val accuracy {val_accuracy:.2f}, train loss {train_loss.mean():.3f}, "
+                                f", val accuracy {val_accuracy:.2f}, train loss {train_loss.nanmean():.3f}, "
                                 f"val loss {val_loss.nanmean():.3f}"
                             )
                         print(line)
@@ -1379,7 +1456,7 @@ if __name__ == "__main__":
                     # RLHF: how well the learned reward tracks the game score on this rollout
                     constant = rewards_np.std() == 0 or true_rewards.std() == 0
                     correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-                    writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
+                    writer.add_scalar("reward_model/loss", train_loss.nanmean().item(), global_step)
                     writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
                     writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
                     writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)

@@ -2,7 +2,9 @@
 rebuild, the CNN reward model, the label buffer and schedule, and a subprocess run of each mode (synthetic, true reward
 with video, human through a live label server, interrupted and resumed)."""
 
+import math
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -339,6 +341,46 @@ def test_label_buffer_keeps_the_latest_labels_and_saved_batches_reload_as_they_w
         np.testing.assert_array_equal(reloaded.data[key], buffer.data[key])
 
 
+def test_each_member_trains_on_a_bootstrap_resample_and_validates_on_the_labels_it_left_out():
+    # C17 2.2.3's 1/e held out is the online bootstrap's out-of-bag share: a Poisson(1) weight per label and member
+    rng = np.random.default_rng(0)
+    buffer = atari.LabelBuffer(100, 1, 3, rng)
+    segments = block_frames(rng, 100, 1)
+    stored = [buffer.add(segments, segments, np.ones(100)) for _ in range(60)]  # 6000 labels
+    is_val = np.concatenate([s["is_val"] for s in stored])
+    weight = np.concatenate([s["weight"] for s in stored])
+    trained_on = weight > 0
+    # each member trains on about 63% distinct labels, and they weigh as many as all labels (a resample of n)
+    np.testing.assert_allclose(trained_on.mean(0), 1 - 1 / math.e, atol=0.02)
+    np.testing.assert_allclose(weight.mean(0), 1.0, atol=0.05)
+    # and validates on the other ~37%, the labels its resample left out: never a label it trains on
+    np.testing.assert_array_equal(is_val, ~trained_on)
+    # the members resample independently: two of them leave out the same label about 1/e^2 of the time
+    assert abs((is_val[:, 0] & is_val[:, 1]).mean() - math.exp(-2)) < 0.02
+
+
+def test_the_training_loss_the_l2_band_compares_is_the_bootstrap_weighted_loss_each_member_trained_on():
+    rng, buffer, ensemble, optimizer, l2 = block_preferences(12, members=3)
+    atari.train_reward_model(ensemble, optimizer, buffer, l2, 20, 12, 0.1, rng)  # losses that differ between labels
+    labels = buffer.get(np.arange(12))
+    # (labels, members): heavy and light labels; each member leaves some out
+    weight = np.array(
+        [3, 0, 1, 1, 2, 0, 0, 1, 1, 2, 0, 3, 1, 1, 0, 0, 4, 1, 1, 0, 2, 2, 1, 0, 0, 1, 1, 1, 0, 1, 3, 1, 0, 0, 2, 2]
+    )
+    weight = weight.reshape(12, 3).astype(np.float32)
+    labels["weight"], labels["is_val"] = weight, weight == 0
+    with torch.no_grad():
+        returns = atari.segment_returns(ensemble.eval(), labels)  # (members, labels, 2)
+    losses = atari.preference_loss(returns[..., 0], returns[..., 1], torch.as_tensor(labels["mu"]), 0.1).numpy()
+    weighted = (losses * weight.T).sum(1) / weight.T.sum(1)
+    unweighted = np.array([losses[m][weight[:, m] > 0].mean() for m in range(3)])
+    assert not np.allclose(weighted, unweighted, rtol=1e-3)  # the weights matter for these labels
+    train_loss, val_loss, _ = atari.score_labels(ensemble, labels, 0.1, 0.05)
+    np.testing.assert_allclose(train_loss.numpy(), weighted, rtol=1e-5)
+    out_of_bag = np.array([losses[m][weight[:, m] == 0].mean() for m in range(3)])
+    np.testing.assert_allclose(val_loss.numpy(), out_of_bag, rtol=1e-5)
+
+
 def test_label_schedule_spends_the_budget_with_500_from_the_initial_policy():
     args = atari.Args(total_timesteps=10_000_000, feedback="synthetic")
     atari.validate_args(args)
@@ -347,6 +389,23 @@ def test_label_schedule_spends_the_budget_with_500_from_the_initial_policy():
     assert schedule.sum() == 3300 and schedule[:pretrain_rounds].sum() == 500
     rl = schedule[pretrain_rounds:]
     assert rl[:100].sum() > 2 * rl[-100:].sum()  # the rate falls as 5e6 / (T + 5e6)
+
+
+def test_every_run_length_validate_args_accepts_spends_the_whole_label_budget_in_the_rounds_it_reaches():
+    # around the first label round after pretraining (4 rounds of 16 x 400 steps = 25600), and run lengths that are
+    # not whole rounds
+    for total in [*range(25_680, 40_000, 80), 123_457, 1_000_001]:
+        args = atari.Args(total_timesteps=total)
+        try:
+            atari.validate_args(args)
+        except SystemExit as refused:
+            assert total < 32_000 and "use --total-timesteps 32000 or more" in str(refused), (total, refused)
+            continue
+        schedule = atari.label_schedule(args)
+        # the label rounds the training loop reaches: every iteration that ends a round
+        reached = sum(1 for i in range(1, args.num_iterations + 1) if i % args.iterations_per_round == 0)
+        assert len(schedule) == reached and (schedule >= 0).all()
+        assert schedule.sum() == 3300 and schedule[:4].sum() == 500, (total, schedule.sum())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -383,6 +442,16 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert -21 <= score <= -15  # a whole game of a barely trained agent
 
 
+def test_a_pretraining_that_gets_no_label_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
+    # a skip threshold no 5-step Pong segment reaches: the teacher skips every pair of the initial policy
+    result = run_atari(tmp_path, TINY + " --teacher-skip-threshold 1000 --save-model")
+    assert_clear_error(result, "error: no label to pretrain the reward model on")
+    assert "--teacher-skip-threshold 1000" in result.stderr  # why, and what to change
+    assert "0 labels saved in" in result.stdout
+    checkpoint = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=False)
+    assert checkpoint["global_step"] < 400  # saved when the run stopped, at the end of pretraining
+
+
 def test_reward_model_trains_in_its_own_thread_and_a_repeated_run_ends_the_same(tmp_path):
     checkpoints = []
     for name in ("first", "second"):
@@ -394,9 +463,27 @@ def test_reward_model_trains_in_its_own_thread_and_a_repeated_run_ends_the_same(
     # the thread draws none of the random numbers A2C draws, and RL waits for each of its steps at fixed iterations
     for part in ("agent", "reward_ensemble", "reward_fitting", "reward_optimizer"):
         torch.testing.assert_close(second[part], first[part], rtol=0, atol=0)
+    for name, state in first["random_states"].items():  # every generator ends where it ended the first time
+        assert _same(second["random_states"][name], state), name
+    # the reward thread's dropout stream is not the global torch one (it used to be seeded with the same seed)
+    dropout, global_torch = torch.Generator(), torch.Generator()
+    dropout.set_state(first["random_states"]["reward_dropout"])
+    global_torch.set_state(first["random_states"]["torch"])
+    assert dropout.initial_seed() != global_torch.initial_seed()
     # A2C's copy is a step behind the one that trains: the last step was taken while A2C ran on
     members = [key for key in first["reward_fitting"] if key.startswith("members.")]
     assert any(not torch.equal(first["reward_ensemble"][key], first["reward_fitting"][key]) for key in members)
+
+
+def _same(a, b):
+    """Whether two saved random states (nested dicts, tuples, arrays, tensors, numbers) are equal."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return np.array_equal(a, b)
 
 
 def test_frozen_reward_run_optimises_a_saved_reward_model_unchanged_and_asks_no_labels(tmp_path):
@@ -505,6 +592,12 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
     before = {f.name: np.load(f)["left_frames"] for f in (run_dir / "labels").glob("*.npz")}
     assert 0 < sum(len(v) for v in before.values()) < 20
 
+    # a checkpoint saved before they held the random states and the reward-fit counters resumes as it did
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    for key in ("random_states", "reward_steps", "reward_step_done", "reward_losses", "policy_rewards"):
+        checkpoint.pop(key, None)
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+
     result = run_atari(tmp_path, f"--resume {run_dir}", timeout=600)
     assert result.returncode == 0, result.stderr
     assert f"resumed {run_dir} at step" in result.stdout
@@ -513,6 +606,47 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
     for name, frames in before.items():
         np.testing.assert_array_equal(after[name]["left_frames"], frames)  # the old labels are kept as they were
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 2000
+
+
+def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(tmp_path):
+    # rounds of 50 steps per env (10 iterations), 2 of pretraining, then 10 of 2 labels each; a checkpoint every round
+    # and a line every iteration. Killed (-9) in round 8, the run resumes from the checkpoint that ended round 7.
+    # Only the games restart (the emulators' state is not saved); 600 steps per env end no game of Pong, so both runs
+    # draw the same random numbers, and the labels' validation splits and bootstrap weights must be the same.
+    args = TINY.replace("--round-steps 100 --pretrain-steps 400", "--round-steps 50 --pretrain-steps 200")
+    args = args.replace("--labels 12 --pretrain-labels 6", "--labels 24 --pretrain-labels 4")
+    args = args.replace("--log-every 10", "--log-every 1") + " --save-model --checkpoint-every 10"
+    args += " --label-buffer 10"  # the buffer holds fewer labels than the budget: it is still spent exactly
+    for name in ("whole", "stopped"):
+        (tmp_path / name).mkdir()
+    whole = run_atari(tmp_path / "whole", args)
+    assert whole.returncode == 0, whole.stderr
+    whole_dir = only_run_dir(tmp_path / "whole")
+    assert "charts/episodic_return" not in scalars(whole_dir)  # no game ended: the premise of the comparison
+
+    interrupt_run(tmp_path / "stopped", args, "step 720,", script=SCRIPT, sig=signal.SIGKILL)
+    run_dir = only_run_dir(tmp_path / "stopped")
+    stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["iteration"]
+    held = max(int(f.stem) for f in (run_dir / "labels").glob("*.npz"))
+    # the kill came after round 3 and not between a round's labels and its checkpoint
+    assert stopped_at in range(30, 120, 10) and held == 4 + 2 * (stopped_at // 10 - 2), (stopped_at, held)
+    result = run_atari(tmp_path / "stopped", f"--resume {run_dir}")
+    assert result.returncode == 0, result.stderr
+    assert f"resumed {run_dir} at step {stopped_at * 10}" in result.stdout
+
+    whole_labels = {f.name: np.load(f) for f in (whole_dir / "labels").glob("*.npz")}
+    resumed_labels = {f.name: np.load(f) for f in (run_dir / "labels").glob("*.npz")}
+    assert sorted(resumed_labels) == sorted(whole_labels) and sum(len(f["mu"]) for f in resumed_labels.values()) == 24
+    first = whole_labels["0000002.npz"]
+    for name in sorted(n for n in whole_labels if int(n[:7]) > held):  # the labels asked after the resume
+        for key in ("is_val", "weight"):
+            np.testing.assert_array_equal(resumed_labels[name][key], whole_labels[name][key], err_msg=f"{name} {key}")
+        assert not np.array_equal(resumed_labels[name]["weight"], first["weight"])  # not the first labels' again
+    # and every generator (numpy, torch, the reward thread's dropout, python) and counter ends where it did
+    ends = [torch.load(d / "checkpoint.pt", weights_only=False) for d in (whole_dir, run_dir)]
+    for name, state in ends[0]["random_states"].items():
+        assert _same(ends[1]["random_states"][name], state), name
+    assert ends[1]["reward_steps"] == ends[0]["reward_steps"] > 0
 
 
 @pytest.mark.parametrize(
@@ -538,6 +672,7 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
         ({"segment_len": 500}, "--segment-len 500 must be between 2 and --round-steps 400"),
         ({"labels": 100000, "total_timesteps": 200000}, "--labels 100000 is too large for this run"),
         ({"total_timesteps": 20000}, "leaves no RL after 25600 pretraining steps"),
+        ({"total_timesteps": 25760}, "reaches no label round after the 25600 pretraining steps"),
         ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),
         ({"reward_norm_window": 0}, "--reward-norm-window and --reward-std must be positive"),
         ({"frozen_reward": "runs/a", "feedback": "human"}, "it cannot be combined with --feedback human"),
