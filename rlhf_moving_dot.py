@@ -42,11 +42,13 @@ class Args:
     capture_video: bool = False
     """whether to capture videos of the agent performances (check out `videos` folder)"""
     save_model: bool = False
-    """whether to save a checkpoint (agent and reward ensemble) to `runs/{run_name}`"""
+    """whether to save a checkpoint (agent, reward ensemble, optimisers, random generators, environments) to
+    `runs/{run_name}`"""
     checkpoint_every: int = 50
     """with --save-model, write the checkpoint every this many iterations (and at the end)"""
     resume: Optional[str] = None
-    """a run folder `runs/{run_name}` to continue from its checkpoint and saved labels"""
+    """a run folder `runs/{run_name}` to continue from its checkpoint and saved labels (asking only the labels the
+    schedule still misses)"""
     eval_only: bool = False
     """evaluate the checkpoint of --resume (most likely action) for --eval-episodes episodes and exit"""
     eval_episodes: int = 10
@@ -101,12 +103,12 @@ class Args:
     """with --offline: the SQLite preference database (default `runs/{run_name}/preferences.sqlite`); pairs already in
     it are reused and only the missing ones are labelled"""
     labels: int = 500
-    """total number of preference labels to query over the run"""
+    """total number of preference labels to query over the run (pairs the teacher skips are asked again)"""
     segment_len: int = 10
     """steps per segment (the blog: 1, C17: 15-60): short segments say more about each step, and 10 steps still
     show people a movement (a 1.7 s clip at --clip-fps 6)"""
     pretrain_fraction: float = 0.25
-    """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%)"""
+    """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%; at least 1 label)"""
     pretrain_steps: int = 8192
     """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
     pretrain_epochs: int = 200
@@ -115,7 +117,8 @@ class Args:
     """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6 for runs of
     millions of steps; scaled down to this problem's runs)"""
     selection: Literal["variance", "random"] = "variance"
-    """how pairs are chosen: highest ensemble disagreement among candidates (C17 2.2.4), or at random (ablation)"""
+    """how pairs are chosen once RL runs: highest ensemble disagreement among candidates (C17 2.2.4), or at random
+    (ablation); pretraining pairs are always random (the untrained ensemble's disagreement is noise)"""
     candidate_multiplier: int = 10
     """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
     ensemble_size: int = 3
@@ -127,7 +130,8 @@ class Args:
     reward_updates: int = 10
     """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2)"""
     reward_eval_every: int = 10
-    """iterations between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
+    """reward-model training rounds (one per iteration; one per epoch in pretraining) between validation passes
+    (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
     """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1)"""
     label_noise: float = 0.1
@@ -139,7 +143,8 @@ class Args:
     teacher_epsilon: float = 0.0
     """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
     teacher_skip_threshold: float = float("-inf")
-    """synthetic teacher skips a pair when both segment returns are below this (B-Pref)"""
+    """synthetic teacher skips a pair when both segment returns are below this (B-Pref); skipped pairs are asked
+    again later, not counted in --labels"""
     teacher_equal_margin: float = 0.0
     """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
     label_server: str = "http://127.0.0.1:8000"
@@ -294,19 +299,34 @@ def validate_args(args: Args) -> None:
 
 # RLHF: C17 A.1 label schedule
 def label_schedule(args: Args) -> np.ndarray:
-    """Labels to query after each iteration's rollout: `pretrain_fraction` of the budget spread over the initial
-    policy's rollouts, the rest at a rate proportional to horizon / (T + horizon), T = steps so far. Sums exactly to
-    args.labels, whatever --total-timesteps is. The offline variant asks nothing during the run."""
+    """Labels to query after each iteration's rollout: `pretrain_fraction` of the budget (at least 1: the reward model
+    is fitted on them before RL starts) spread over the initial policy's rollouts, the rest at a rate proportional to
+    horizon / (T + horizon), T = steps so far. Sums exactly to args.labels, whatever --total-timesteps is. The
+    offline variant asks nothing during the run."""
     per_iteration = np.zeros(args.num_iterations, dtype=np.int64)
     if args.offline:
         return per_iteration
-    pretrain = round(args.labels * args.pretrain_fraction)
+    pretrain = min(args.labels, max(1, round(args.labels * args.pretrain_fraction)))
     per_iteration[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, pretrain, args.pretrain_iterations + 1)))
     steps_so_far = np.arange(args.pretrain_iterations + 1, args.num_iterations + 1) * args.batch_size
     rate = args.schedule_horizon / (steps_so_far + args.schedule_horizon)
     cumulative = np.round((args.labels - pretrain) * np.cumsum(rate) / rate.sum())
     per_iteration[args.pretrain_iterations :] = np.diff(cumulative, prepend=0)
     return per_iteration
+
+
+def no_pretraining_label_error(args: Args, run_dir: str) -> str:
+    """The message of a run whose pretraining pairs all went unanswered: RL would start without a reward to learn."""
+    if args.feedback == "human":
+        why = "people answered 'can't tell' to every pair"
+        fix = (
+            f"--resume {run_dir} asks for them again; a clearer --instruction or a longer --segment-len in a new run "
+            "may make the clips easier to compare"
+        )
+    else:
+        why = f"the synthetic teacher skipped every pair (both returns below --teacher-skip-threshold {args.teacher_skip_threshold})"
+        fix = "start a new run with a lower --teacher-skip-threshold"
+    return f"error: pretraining ended with no preference label, so there is no reward to learn: {why}. {fix}"
 
 
 class RecordEpisodeVideo(gym.Wrapper):
@@ -453,6 +473,8 @@ class RewardEnsemble(nn.Module):
     @torch.no_grad()
     def fit_normalization(self, raw, target_std=1.0):
         """Set the normalisation from raw member rewards (size, n) of the steps the teacher has judged."""
+        if raw.shape[1] < 2:  # no spread to measure yet: keep the normalisation as it is
+            return
         self.member_mean.copy_(raw.mean(1))
         self.member_std.copy_(raw.std(1) + 1e-8)
         averaged = ((raw - self.member_mean[:, None]) / self.member_std[:, None]).mean(0)
@@ -537,7 +559,8 @@ class SyntheticTeacher:
     """Prefers the segment with more true reward, i.e. the one that brought the dot closer to the centre (the blog's
     heuristic; equal movement is a tie), optionally with the noise of B-Pref's simulated teachers (Lee et al. 2021).
     Teachers share one interface: ask(left, right) queues pairs; poll() returns the answered ones as (left, right, mu),
-    mu = 1 left better, 0 right better, 0.5 equal; pairs the teacher skips or cannot tell apart are dropped."""
+    mu = 1 left better, 0 right better, 0.5 equal (exact ties, or returns within --teacher-equal-margin). Pairs the
+    teacher skips (--teacher-skip-threshold) are dropped: they do not count in the budget and are asked again later."""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -635,10 +658,10 @@ class HumanTeacher:
         lefts, rights, mus = zip(*batches)
         return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
 
-    def wait_for_all(self, progress_every=10.0):
-        """Block until every asked pair is answered (the pretraining labels RL cannot start without)."""
+    def wait_for_all(self, stop, progress_every=10.0):
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without), or `stop` is set."""
         last = 0.0
-        while self.unanswered and self.failure is None:
+        while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
                 print(
                     f"waiting for {self.unanswered} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
@@ -758,10 +781,11 @@ class HumanTeacher:
                 self.queued.append(str(pair_id))
 
 
-# RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
+# RLHF: the labels, with each member's bootstrap weights and validation split (C17 2.2.3)
 class LabelBuffer:
-    """Preference labels of the run. For each member, a label is held out for validation with probability 1/e
-    (C17 2.2.3); otherwise it gets a Poisson(1) weight, the online form of a bootstrap resample of the labels."""
+    """Preference labels of the run. Each label gets a Poisson(1) weight per member, the online form of a bootstrap
+    resample of the labels; the labels a member's resample leaves out (weight 0, probability 1/e: C17's "1/e held
+    out") are its validation set (`is_val`). Grows past `capacity` rather than drop a label."""
 
     def __init__(self, capacity, segment_len, ensemble_size, rng):
         self.rng, self.size = rng, 0
@@ -774,16 +798,25 @@ class LabelBuffer:
         }
 
     def add(self, left, right, mu):
-        n = min(len(mu), len(self.data["mu"]) - self.size)
+        n, members = len(mu), self.data["is_val"].shape[1]
+        self._make_room(self.size + n)
         new = slice(self.size, self.size + n)
         for key in SEGMENT_KEYS:
-            self.data[key][new, 0], self.data[key][new, 1] = left[key][:n], right[key][:n]
-        self.data["mu"][new] = mu[:n]
-        members = self.data["is_val"].shape[1]
-        self.data["is_val"][new] = self.rng.random((n, members)) < 1 / math.e
-        self.data["weight"][new] = np.where(self.data["is_val"][new], 0, self.rng.poisson(1.0, (n, members)))
+            self.data[key][new, 0], self.data[key][new, 1] = left[key], right[key]
+        self.data["mu"][new] = mu
+        self.data["weight"][new] = self.rng.poisson(1.0, (n, members))
+        self.data["is_val"][new] = self.data["weight"][new] == 0  # out of bag: what the member never trains on
         self.size += n
         return n
+
+    def _make_room(self, size):
+        """Grow the arrays to hold `size` labels: a label is never dropped (e.g. answers saved after the checkpoint
+        a run resumes from)."""
+        capacity = len(self.data["mu"])
+        if size > capacity:
+            capacity = max(size, 2 * capacity)
+            for k, v in self.data.items():
+                self.data[k] = np.concatenate([v[: self.size], np.zeros((capacity - self.size,) + v.shape[1:], v.dtype)])
 
     def get(self, idx=None):
         """The labels (all, or those at `idx`) as numpy arrays: segments in `position`/`act` (n, 2, L, ...)."""
@@ -798,6 +831,7 @@ class LabelBuffer:
     def load(self, path):
         with np.load(path) as saved:
             n = len(saved["mu"])
+            self._make_room(n)
             for k in self.data:
                 self.data[k][:n] = saved[k]
         self.size = n
@@ -881,16 +915,19 @@ def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps,
 
 @torch.no_grad()
 def evaluate_reward_model(ensemble, buffer, observation, label_noise, target_std):
-    """Training and validation loss of each member on its own split, and the share of held-out strict preferences
-    each member orders correctly (averaged over members). Also refits the reward normalisation on the judged steps."""
+    """Each member's training loss (the bootstrap-weighted loss it is trained on) and validation loss (on the labels
+    its resample left out), and the share of held-out strict preferences each member orders correctly (averaged over
+    members). Also refits the reward normalisation on the judged steps."""
+    if buffer.size == 0:  # nothing to evaluate, nor to fit the normalisation on
+        return torch.full((ensemble.size,), math.nan), torch.full((ensemble.size,), math.nan), math.nan
     labels = buffer.get()
     step_rewards = label_step_rewards(ensemble, labels, observation)  # (members, labels, 2, L)
     returns = step_rewards.sum(-1)
     mu = torch.as_tensor(labels["mu"])
     losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
+    weight = torch.as_tensor(labels["weight"]).T  # (members, labels)
     is_val = torch.as_tensor(labels["is_val"]).T.float()
-    is_train = 1 - is_val
-    train_loss = (losses * is_train).sum(1) / is_train.sum(1).clamp(min=1)
+    train_loss = (losses * weight).sum(1) / weight.sum(1)  # NaN for a member whose resample is still empty
     val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
     correct = ((returns[..., 0] > returns[..., 1]).float() == mu).float()
     judged = is_val * (mu != 0.5).float()  # "equal" answers have no right order
@@ -900,10 +937,64 @@ def evaluate_reward_model(ensemble, buffer, observation, label_noise, target_std
 
 
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
-    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
-    loss, no held-out label yet, leaves the coefficient as it is)."""
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN loss, no
+    held-out or no training label yet, leaves the coefficient as it is)."""
     ratio = val_loss / train_loss.clamp(min=1e-8)
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
+
+
+# Resuming: what a checkpoint holds besides the networks, so that a resumed run goes on as if it had never stopped
+def random_states(rng, device):
+    """Every random generator the run draws from: numpy's Generator (segments, the teacher, bootstrap weights, reward
+    minibatches), numpy's global one (PPO's minibatch shuffle), torch's (actions) and Python's."""
+    return {
+        "rng": rng.bit_generator.state,
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+        "python": random.getstate(),
+    }
+
+
+def set_random_states(rng, states):
+    rng.bit_generator.state = states["rng"]
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    random.setstate(states["python"])
+
+
+def inner_wrapper(env, kind):
+    while not isinstance(env, kind):
+        env = env.env
+    return env
+
+
+def env_states(envs):
+    """Where each environment is: the dot, its random generator (next episode's start), the step within the episode
+    (TimeLimit) and the episode's true return and length so far (RecordEpisodeStatistics)."""
+    states = []
+    for env in envs.envs:
+        statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
+        states.append(
+            {
+                "position": env.unwrapped.position.copy(),
+                "np_random": env.unwrapped.np_random.bit_generator.state,
+                "elapsed_steps": inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps,
+                "episode": (statistics.episode_returns, statistics.episode_lengths, statistics.episode_count),
+            }
+        )
+    return states
+
+
+def set_env_states(envs, states):
+    for env, state in zip(envs.envs, states):
+        env.unwrapped.position = state["position"].copy()
+        env.unwrapped.np_random.bit_generator.state = state["np_random"]
+        inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps = state["elapsed_steps"]
+        statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
+        statistics.episode_returns, statistics.episode_lengths, statistics.episode_count = state["episode"]
 
 
 # Evaluation of a saved agent
@@ -1054,6 +1145,13 @@ if __name__ == "__main__":
             "l2_coef": l2_coef,
             "global_step": completed_step,
             "iteration": completed,
+            # the run's state at that moment (the end of an iteration when the run was stopped by a signal)
+            "random_states": random_states(rng, device),
+            "env_states": env_states(envs),
+            "next_obs": next_obs.cpu(),
+            "fits": fits,  # decides when the reward model is validated and its L2 adapted
+            "reward_evaluation": (train_loss, val_loss, val_accuracy),
+            "predicted_episode_return": predicted_episode_return,
         }
         torch.save(state, checkpoint_path + ".tmp")
         os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
@@ -1069,13 +1167,31 @@ if __name__ == "__main__":
     fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
     train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
     val_accuracy = math.nan
+    if checkpoint is not None and "random_states" in checkpoint:  # go on where the run stopped, not from the seed
+        set_random_states(rng, checkpoint["random_states"])
+        set_env_states(envs, checkpoint["env_states"])
+        next_obs = checkpoint["next_obs"].to(device)
+        fits, (train_loss, val_loss, val_accuracy) = checkpoint["fits"], checkpoint["reward_evaluation"]
+        predicted_episode_return = checkpoint["predicted_episode_return"]
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
-    # `kill`, `timeout` or a cluster's scheduler (SIGTERM) stops the run as Ctrl-C does: the checkpoint is written
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) stop the run at the end of the iteration under way,
+    # where the checkpoint resumes it exactly; a second signal stops it at once (that iteration is done again on resume)
+    stop_requested = threading.Event()
+
+    def request_stop(signum, frame):
+        if stop_requested.is_set():
+            raise KeyboardInterrupt
+        stop_requested.set()
+        os.write(sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop now)\n")
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
 
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
+            if stop_requested.is_set():
+                raise KeyboardInterrupt
             pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
@@ -1114,12 +1230,14 @@ if __name__ == "__main__":
 
             rollout_actions = actions.cpu().numpy()
             if rlhf:
-                # RLHF: query this iteration's share of the label budget (C17 A.1 schedule, 2.2.4 selection)
-                to_ask = min(int(schedule[iteration - 1]), args.labels - buffer.size - teacher.pending)
+                # RLHF: ask what the schedule has called for so far and is neither held nor on its way (C17 A.1
+                # schedule, 2.2.4 selection): a resumed run asks nothing twice; pairs the teacher skipped are asked again
+                to_ask = int(schedule[:iteration].sum()) - buffer.size - teacher.pending
                 if to_ask > 0:
                     rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards}
                     rollout["truncated"] = truncations
-                    selection = "random" if args.offline else args.selection  # the blog's database: random pairs
+                    # the untrained ensemble's disagreement is noise, and the blog's database holds random pairs
+                    selection = "random" if pretraining or args.offline else args.selection
                     left, right = select_pairs(
                         rng,
                         ensemble,
@@ -1132,11 +1250,15 @@ if __name__ == "__main__":
                     )
                     teacher.ask(left, right)
                 if iteration == args.pretrain_iterations and args.feedback == "human":
-                    teacher.wait_for_all()  # people label asynchronously, but RL cannot start without these
+                    teacher.wait_for_all(stop_requested)  # people label asynchronously, but RL cannot start without these
+                    if stop_requested.is_set():
+                        raise KeyboardInterrupt  # this pretraining rollout is done again on --resume
                 for left, right, mu in teacher.poll():
                     buffer.add(left, right, mu)
                     if database is not None:
                         database.add(left, right, mu)
+                if iteration == args.pretrain_iterations and buffer.size == 0:
+                    raise SystemExit(no_pretraining_label_error(args, run_dir))  # labels (and checkpoint) saved below
                 if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
                     rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
                 elif pretraining or args.offline:  # offline: the reward model stays as fitted
@@ -1163,8 +1285,8 @@ if __name__ == "__main__":
                         l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
                 if iteration == args.pretrain_iterations:
                     print(
-                        f"reward model {'fitted' if args.offline else 'pretrained'} on {buffer.size} labels: "
-                        f"val accuracy {val_accuracy:.2f}, train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
+                        f"reward model {'fitted' if args.offline else 'pretrained'} on {buffer.size} labels: val accuracy "
+                        f"{val_accuracy:.2f}, train loss {train_loss.nanmean():.3f}, val loss {val_loss.nanmean():.3f}"
                     )
                 if time.time() - last_label_save > 30 or iteration in (args.pretrain_iterations, args.num_iterations):
                     save_labels()
@@ -1287,7 +1409,7 @@ if __name__ == "__main__":
                 # RLHF: how well the learned reward tracks the true one (offline: how far the frozen model drifts)
                 constant = rewards_np.std() == 0 or true_rewards.std() == 0
                 correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-                writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
+                writer.add_scalar("reward_model/loss", train_loss.nanmean().item(), global_step)
                 writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
                 writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
                 writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)

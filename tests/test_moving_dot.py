@@ -2,6 +2,7 @@
 database and the reward model; a subprocess run of every mode (synthetic on positions and on pixels, true reward,
 offline, human through a live label server); and learning from preferences alone."""
 
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from helpers import (
     assert_tags,
     assert_answers_follow_true_returns,
     assert_clear_error,
+    interrupt_run,
     only_run_dir,
     run_script,
     scalars,
@@ -224,6 +226,70 @@ def test_reward_model_learns_the_dots_reward_from_synthetic_preferences():
     assert abs(predicted.mean().item()) < 0.3 and 0.7 < predicted.std().item() < 1.3  # normalised
 
 
+def segment_pairs(rng, count, segment_len=5):
+    """`count` labelled pairs of random-walk segments: (left, right, mu) as the teacher hands them over."""
+    rollout = coded_rollout(rng)
+    left, right = dot.sample_segments(rng, rollout, segment_len, count), dot.sample_segments(rng, rollout, segment_len, count)
+    return left, right, dot.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"])
+
+
+def test_label_buffer_keeps_every_label_beyond_its_capacity(tmp_path):
+    rng = np.random.default_rng(0)
+    left, right, mu = segment_pairs(rng, 7)
+    buffer = dot.LabelBuffer(3, 5, 3, rng)
+    buffer.add(dot.index_segments(left, slice(0, 5)), dot.index_segments(right, slice(0, 5)), mu[:5])
+    buffer.add(dot.index_segments(left, slice(5, 7)), dot.index_segments(right, slice(5, 7)), mu[5:])
+    assert buffer.size == 7
+    held = buffer.get()
+    np.testing.assert_array_equal(held["mu"], mu)
+    for key in dot.SEGMENT_KEYS:
+        np.testing.assert_array_equal(held[key][:, 0], left[key])
+        np.testing.assert_array_equal(held[key][:, 1], right[key])
+    # and a saved file with more labels than the budget (answers saved after a checkpoint) loads whole
+    buffer.save(str(tmp_path / "labels.npz"))
+    loaded = dot.LabelBuffer(2, 5, 3, rng)
+    loaded.load(str(tmp_path / "labels.npz"))
+    assert loaded.size == 7
+    for key, value in held.items():
+        np.testing.assert_array_equal(loaded.get()[key], value)
+
+
+def test_each_member_trains_on_its_bootstrap_and_validates_on_its_out_of_bag_labels():
+    """C17 2.2.3's 1/e held out is the bootstrap's out-of-bag share: a member's Poisson(1) weight is 0 for about 37%
+    of the labels, those are its validation set, and it trains on the other ~63% (distinct labels)."""
+    rng = np.random.default_rng(0)
+    left, right, mu = segment_pairs(rng, 30000, segment_len=2)
+    buffer = dot.LabelBuffer(30000, 2, 3, rng)
+    buffer.add(left, right, mu)
+    weight, is_val = buffer.get()["weight"], buffer.get()["is_val"]
+    trained_on = (weight > 0).mean(0)
+    np.testing.assert_allclose(trained_on, 1 - 1 / np.e, atol=0.01)
+    np.testing.assert_array_equal(is_val, weight == 0)  # validation = out of bag, nothing else is held out
+    np.testing.assert_allclose(weight.mean(0), 1.0, atol=0.02)  # Poisson(1): a resample of the same size
+    assert weight.max() >= 4  # a label drawn several times, as in a resample with replacement
+    assert (weight[:, 0] != weight[:, 1]).mean() > 0.5  # each member its own resample
+
+
+def test_training_loss_is_the_bootstrap_weighted_loss_each_member_was_trained_on():
+    rng = np.random.default_rng(1)
+    torch.manual_seed(0)
+    left, right, mu = segment_pairs(rng, 6)
+    buffer = dot.LabelBuffer(6, 5, 2, rng)
+    buffer.add(left, right, mu)
+    weight = np.array([[3, 0], [0, 1], [1, 2], [2, 0], [0, 1], [1, 4]], np.float32)
+    buffer.data["weight"][:6], buffer.data["is_val"][:6] = weight, weight == 0
+    ensemble = dot.RewardEnsemble((2,), 5, size=2)
+    train_loss, val_loss, _ = dot.evaluate_reward_model(ensemble, buffer, "position", 0.1, 1.0)
+    # the same losses computed here from each member's predicted segment returns
+    returns = dot.segment_returns(ensemble, buffer.get(), "position").detach().numpy()  # (members, labels, 2)
+    p_left = 0.9 / (1 + np.exp(returns[..., 1] - returns[..., 0])) + 0.05
+    losses = -(mu * np.log(p_left) + (1 - mu) * np.log(1 - p_left))  # (members, labels)
+    expected_train = (losses * weight.T).sum(1) / weight.T.sum(1)
+    expected_val = (losses * (weight.T == 0)).sum(1) / (weight.T == 0).sum(1)
+    np.testing.assert_allclose(train_loss.numpy(), expected_train, rtol=1e-5)
+    np.testing.assert_allclose(val_loss.numpy(), expected_val, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # every mode, run as a user runs it
 
@@ -347,6 +413,121 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     for frame, position in zip(frames, segment["position"]):
         brightest = np.unravel_index(frame[..., 0].astype(int).argmax(), frame.shape[:2])
         assert np.abs(np.array(brightest) - position).max() <= 2
+
+
+@pytest.mark.parametrize("labels", [1, 2])
+def test_a_budget_of_one_or_two_labels_pretrains_on_at_least_one(tmp_path, labels):
+    result = run_dot(tmp_path, TINY.replace("--labels 30", f"--labels {labels}"))
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    logged = scalars(run_dir)
+    at_pretraining_end = [value for step, value in logged["labels/total"] if step == 512]
+    assert at_pretraining_end[0] >= 1  # the reward model is fitted on something before RL starts
+    assert logged["labels/total"][-1][1] == labels and len(np.load(run_dir / "labels.npz")["mu"]) == labels
+    for tag in ("losses/policy_loss", "losses/value_loss", "charts/predicted_return"):
+        assert np.isfinite([value for _, value in logged[tag]]).all(), tag  # no NaN reward reached PPO
+
+
+def test_a_teacher_that_skips_every_pretraining_pair_stops_the_run_with_a_clear_error(tmp_path):
+    # a 5-step segment earns at most 5: a threshold of 100 skips every pair
+    result = run_dot(tmp_path, TINY + " --teacher-skip-threshold 100 --save-model")
+    assert_clear_error(result, "error: pretraining ended with no preference label")
+    assert "--teacher-skip-threshold" in result.stderr  # says what to change
+    run_dir = only_run_dir(tmp_path)
+    assert len(np.load(run_dir / "labels.npz")["mu"]) == 0  # saved (empty) like any stopped run's
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["iteration"] < 2  # the last pretraining rollout is done again on --resume
+
+
+def test_pretraining_pairs_are_random_whatever_the_selection(tmp_path):
+    """C17 2.2.4's disagreement of an untrained ensemble is noise: the pairs asked before RL starts are drawn at random
+    with --selection variance too (the same seed gives the same pretraining labels), and by disagreement after."""
+    runs = {}
+    for selection in ("variance", "random"):
+        result = run_dot(tmp_path, TINY + f" --selection {selection} --exp-name {selection}")
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = (tmp_path / "runs").glob(f"*__{selection}__*")
+        pretrained = [value for step, value in scalars(run_dir)["labels/total"] if step == 512][0]
+        runs[selection] = (np.load(run_dir / "labels.npz"), int(pretrained))
+    (variance, pretrained), (random_pairs, _) = runs["variance"], runs["random"]
+    assert pretrained > 0
+    for key in ("position", "act", "mu"):
+        np.testing.assert_array_equal(variance[key][:pretrained], random_pairs[key][:pretrained])
+    assert not np.array_equal(variance["position"][pretrained:], random_pairs["position"][pretrained:])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# stopping and resuming
+
+LONG = TINY.replace("--total-timesteps 1536", "--total-timesteps 25600")  # 100 iterations: time to stop it in between
+
+
+def events_since(run_dir, before):
+    """Scalars of the TensorBoard events file a resumed run wrote (not in `before`)."""
+    (events,) = set(run_dir.glob("events.*")) - before
+    return scalars(events)
+
+
+def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
+    out, err = interrupt_run(tmp_path, LONG + " --save-model --checkpoint-every 100000", "step ", SCRIPT, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    # answers saved after the checkpoint, as a kill -9 between a label save and a checkpoint leaves them
+    with np.load(run_dir / "labels.npz") as saved:
+        labels = {k: np.concatenate([saved[k], saved[k][:4]]) for k in saved.files}
+    np.savez(run_dir / "labels.npz", **labels)
+    held = len(labels["mu"])
+    before = set(run_dir.glob("events.*"))
+    resumed = run_dot(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"at step {checkpoint['global_step']} with {held} labels" in resumed.stdout
+    settings = dot.Args(**checkpoint["args"])
+    dot.validate_args(settings)
+    schedule = dot.label_schedule(settings)
+    assert held < settings.labels == schedule.sum()
+    # labels follow the schedule from where they stand: asked only once the schedule has passed them, never early
+    curve = events_since(run_dir, before)["labels/total"]
+    expected = [max(held, int(schedule[: step // settings.batch_size].sum())) for step, _ in curve]
+    assert [int(value) for _, value in curve] == expected
+    assert curve[-1][1] == settings.labels and len(np.load(run_dir / "labels.npz")["mu"]) == settings.labels
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("uninterrupted")
+    result = run_dot(cwd, LONG + " --save-model")
+    assert result.returncode == 0, result.stderr
+    return only_run_dir(cwd)
+
+
+@pytest.mark.parametrize("stop_after", ["pretraining: step", "step "])
+def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(tmp_path, uninterrupted_run, stop_after):
+    """SIGTERM stops the run at the end of the iteration under way; the checkpoint carries every random generator,
+    the environments and the counters, so the resumed run goes on as if it had never stopped."""
+    out, err = interrupt_run(tmp_path, LONG + " --save-model", stop_after, SCRIPT, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
+    assert 0 < stopped_at < 25600
+    before = set(run_dir.glob("events.*"))
+    resumed = run_dot(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    ours = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    theirs = torch.load(uninterrupted_run / "checkpoint.pt", weights_only=False)
+    for part in ("agent", "reward_ensemble"):
+        for name, value in theirs[part].items():
+            assert torch.equal(ours[part][name], value), (part, name)
+    assert torch.equal(ours["l2_coef"], theirs["l2_coef"])
+    assert ours["fits"] == theirs["fits"]  # the count that decides when the reward model is validated went on too
+    ours, theirs = np.load(run_dir / "labels.npz"), np.load(uninterrupted_run / "labels.npz")
+    for key in theirs.files:  # the same pairs, answers, validation splits and bootstrap weights
+        np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+    # and the resumed part of the run logged what the uninterrupted one did at the same steps
+    resumed_log, whole_log = events_since(run_dir, before), scalars(uninterrupted_run)
+    for tag in ("losses/policy_loss", "reward_model/loss", "charts/episodic_return"):
+        whole = [(step, value) for step, value in whole_log[tag] if step > stopped_at]
+        assert resumed_log[tag] == whole, tag
 
 
 @pytest.mark.parametrize(
