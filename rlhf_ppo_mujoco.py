@@ -139,7 +139,8 @@ class Args:
     teacher_epsilon: float = 0.0
     """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
     teacher_skip_threshold: float = float("-inf")
-    """synthetic teacher skips a pair when both segment returns are below this (B-Pref)"""
+    """synthetic teacher skips a pair when both segment returns are below this (B-Pref; absolute, in segment return);
+    a skipped pair is no label: the run asks for another in its place"""
     teacher_equal_margin: float = 0.0
     """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
     label_server: str = "http://127.0.0.1:8000"
