@@ -7,7 +7,9 @@ import sys
 import threading
 import time
 import traceback
+import unicodedata
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +40,14 @@ class Args:
     """largest clip upload accepted (413 above it)"""
     max_json_bytes: int = 64 * 1024
     """largest JSON request body accepted (413 above it)"""
+    lease_seconds: float = 60.0
+    """a pair handed to a rater is theirs this long (or until they answer): others are given other pairs meanwhile"""
+    live_seconds: float = 600.0
+    """pairs of experiments whose trainer posted pairs or polled labels within this time are served first"""
+    timeout: float = 30.0
+    """seconds a connection may stay silent (idle keep-alive, or a request sent halfway) before it is closed"""
+    max_workers: int = 256
+    """connections served at once (one thread each); more wait in the listen backlog"""
     quiet: bool = False
     """no line per request on stderr (errors and their tracebacks are still logged)"""
 
@@ -45,7 +55,7 @@ class Args:
 CHOICES = ("left", "right", "equal", "cant_tell")
 METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot: never a path
-RATER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@ -]{0,63}")
+RATER_SEPARATORS = " _.@-'"  # besides letters, digits and combining marks, in any script
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clips (clip_id TEXT PRIMARY KEY, content_type TEXT NOT NULL, data BLOB NOT NULL,
@@ -59,6 +69,9 @@ CREATE TABLE IF NOT EXISTS labels (seq INTEGER PRIMARY KEY AUTOINCREMENT, pair_i
                                    experiment TEXT NOT NULL, choice TEXT NOT NULL, votes TEXT NOT NULL,
                                    created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
+-- answers saved before rater names were normalised (then ASCII only): "Alice" and "alice " become "alice"; where both
+-- answered a pair, the other spelling's answer stays as it was (OR IGNORE), as a second answer would be ignored now
+UPDATE OR IGNORE answers SET rater = lower(trim(rater)) WHERE rater != lower(trim(rater));
 """
 
 
@@ -85,10 +98,18 @@ class LabelStore:
     """Everything the server knows, in one SQLite database. Every write is committed (WAL, synchronous=FULL) before
     the HTTP response acknowledges it, so a server killed at any moment loses nothing it acknowledged."""
 
-    def __init__(self, path, overlap=1, golden_every=5, golden_min=3, golden_threshold=0.7):
+    def __init__(
+        self, path, overlap=1, golden_every=5, golden_min=3, golden_threshold=0.7, lease_seconds=60.0, live_seconds=600.0
+    ):
         self.overlap, self.golden_every = overlap, golden_every
         self.golden_min, self.golden_threshold = golden_min, golden_threshold
+        self.lease_seconds, self.live_seconds = lease_seconds, live_seconds
         self.lock = threading.Lock()
+        # leases live in memory, not in SQLite: they are short, a restart only ends them early, and a page asking for
+        # its next pair should not wait for a disk sync
+        self.lease_of = {}  # rater -> (pair_id, monotonic expiry): the pair they were last given and have not answered
+        self.lease_lock = threading.Lock()  # picking and leasing a pair is one step, or two raters could take one slot
+        self.seen = {}  # experiment -> monotonic time its trainer last posted a pair or polled labels
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
@@ -108,6 +129,7 @@ class LabelStore:
 
     def add_pair(self, pair):
         """Returns True if the pair is new, False if the same pair was posted before (harmless)."""
+        self.seen[pair["experiment"]] = time.monotonic()
         with self.lock:
             missing = [c for c in (pair["left_clip"], pair["right_clip"]) if not self._has_clip(c)]
             if missing:
@@ -148,40 +170,58 @@ class LabelStore:
     def rater_stats(self, rater):
         """(pairs this rater has answered, pairs waiting for them)."""
         answered = self._read("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,))[0][0]
-        return answered, len(self._open_pairs(rater, self.excluded_raters()))
+        excluded = self.excluded_raters()
+        with self.lease_lock:
+            return answered, len(self._open_pairs(rater, excluded, time.monotonic()))
 
-    def _open_pairs(self, rater, excluded):
-        """Pairs this rater has not answered that still need answers: not final, golden ones included."""
+    def _open_pairs(self, rater, excluded, now):
+        """Pairs this rater may be given, oldest first, as (pair_id, experiment, golden): golden pairs they have not
+        answered, and pairs that still need more answers than are counted and leased to other raters. Under
+        lease_lock."""
+        self.lease_of = {r: lease for r, lease in self.lease_of.items() if lease[1] > now}  # expired: back in the queue
+        leased = Counter(pair_id for r, (pair_id, _) in self.lease_of.items() if r != rater)
         rows = self._read(
-            "SELECT p.pair_id, p.golden IS NOT NULL, a.rater FROM pairs p "
+            "SELECT p.pair_id, p.experiment, p.golden IS NOT NULL, a.rater FROM pairs p "
             "LEFT JOIN answers a ON a.pair_id = p.pair_id "
             "WHERE p.pair_id NOT IN (SELECT pair_id FROM labels) ORDER BY p.created, p.pair_id"
         )
         pairs, counted, answered_by_rater = {}, {}, set()
-        for pair_id, golden, who in rows:
-            pairs.setdefault(pair_id, bool(golden))
+        for pair_id, experiment, golden, who in rows:
+            pairs.setdefault(pair_id, (experiment, bool(golden)))
             counted.setdefault(pair_id, 0)
             if who is not None and who not in excluded:
                 counted[pair_id] += 1
             if who == rater:
                 answered_by_rater.add(pair_id)
+        # golden pairs are for every rater: leases never hold them back
         return [
-            (pair_id, golden)
-            for pair_id, golden in pairs.items()
-            if pair_id not in answered_by_rater and (golden or counted[pair_id] < self.overlap)
+            (pair_id, experiment, golden)
+            for pair_id, (experiment, golden) in pairs.items()
+            if pair_id not in answered_by_rater and (golden or counted[pair_id] + leased[pair_id] < self.overlap)
         ]
 
     def next_pair(self, rater):
+        """The pair to show this rater, leased to them for lease_seconds; None if there is none."""
         excluded = self.excluded_raters()
-        open_pairs = self._open_pairs(rater, excluded)
-        if not open_pairs:
-            return None
         answered = self._read("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,))[0][0]
-        golden = [p for p, is_golden in open_pairs if is_golden]
-        ordinary = [p for p, is_golden in open_pairs if not is_golden]
-        # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left
-        use_golden = golden and (not ordinary or answered % self.golden_every == 0)
-        pair_id = golden[0] if use_golden else ordinary[0]
+        with self.lease_lock:
+            now = time.monotonic()
+            open_pairs = self._open_pairs(rater, excluded, now)
+            if not open_pairs:
+                return None
+            mine = self.lease_of.get(rater, (None,))[0]
+            if any(pair_id == mine for pair_id, _, _ in open_pairs):
+                pair_id = mine  # asked again before answering (a reload): the same pair, not one more taken
+            else:
+                golden = [p for p, _, is_golden in open_pairs if is_golden]
+                # pairs of experiments whose trainer is still there first (a run that ended no longer needs labels),
+                # oldest first within each (sorted is stable)
+                ended = {e for _, e, _ in open_pairs if now - self.seen.get(e, -float("inf")) >= self.live_seconds}
+                ordinary = [p for p, e, is_golden in sorted(open_pairs, key=lambda x: x[1] in ended) if not is_golden]
+                # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left
+                use_golden = golden and (not ordinary or answered % self.golden_every == 0)
+                pair_id = golden[0] if use_golden else ordinary[0]
+            self.lease_of[rater] = (pair_id, now + self.lease_seconds)  # one pair per rater; a reload renews it
         row = self._read(
             "SELECT pair_id, experiment, left_clip, right_clip, instruction FROM pairs WHERE pair_id = ?", (pair_id,)
         )[0]
@@ -221,6 +261,9 @@ class LabelStore:
         if pair is None:
             raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
         excluded = self.excluded_raters()
+        with self.lease_lock:  # answered: the lease has done its job (an answer to another pair leaves it)
+            if self.lease_of.get(rater, (None,))[0] == pair_id:
+                del self.lease_of[rater]
         with self.lock:
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -253,6 +296,7 @@ class LabelStore:
         return True
 
     def labels_since(self, experiment, since, limit=1000):
+        self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
         rows = self._read(
             "SELECT l.seq, l.pair_id, l.choice, l.votes, p.metadata FROM labels l JOIN pairs p USING (pair_id) "
             "WHERE l.experiment = ? AND l.seq > ? ORDER BY l.seq LIMIT ?",
@@ -294,15 +338,23 @@ def require_id(value, what):
 
 
 def rater_name(name):
-    if not isinstance(name, str) or not RATER_PATTERN.fullmatch(name):
-        raise ApiError(HTTPStatus.BAD_REQUEST, "'rater' must be 1-64 letters, digits, spaces or _ . @ -")
-    return name
+    """A rater's identity: names that differ only by case, surrounding spaces or Unicode composition are one rater
+    ("Alice ", "alice"; "José" typed either way). Letters and digits of any script, not control characters."""
+    if isinstance(name, str):
+        name = unicodedata.normalize("NFC", name.strip())
+        kinds = [unicodedata.category(c)[0] for c in name]  # L letter, N number, M combining mark, C control...
+        if 0 < len(name) <= 64 and kinds[0] in "LN" and all(k in "LNM" or c in RATER_SEPARATORS for c, k in zip(name, kinds)):
+            return unicodedata.normalize("NFC", name.casefold())
+    raise ApiError(
+        HTTPStatus.BAD_REQUEST, "'rater' must be 1-64 letters, digits, spaces or _ . @ - ', starting with a letter or digit"
+    )
 
 
 def make_handler(store, args):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
         server_version = "label_server"
+        timeout = args.timeout  # a silent connection (idle keep-alive, half a request) must not hold a thread forever
 
         # --- logging: one line per request on stderr (not with --quiet), written once it is answered ---
         def handle_one_request(self):
@@ -325,6 +377,11 @@ def make_handler(store, args):
 
         def log_request(self, code="-", size="-"):  # the standard library's line per request: ours is written later
             pass
+
+        def log_error(self, format, *log_args):
+            # browsers keep idle connections open: their timing out is routine, not an error worth a line in --quiet
+            if not (args.quiet and format.startswith("Request timed out")):
+                super().log_error(format, *log_args)
 
         # --- plumbing ---
         def send_json(self, status, payload, headers=None):
@@ -429,6 +486,8 @@ def make_handler(store, args):
                 endpoint()
             except ApiError as error:
                 self.send_json(error.status, {"error": error.message}, error.headers)
+            except TimeoutError:  # the client went silent mid-request: the standard library logs it and closes
+                raise
             except ConnectionError:  # the client went away (a video element dropping a range request): nobody to answer
                 self.close_connection = True
                 return
@@ -660,15 +719,50 @@ next();
 """
 
 
+class Server(ThreadingHTTPServer):
+    """A thread per connection, at most `max_workers` at once: when all are busy it stops accepting, and new
+    connections wait in the kernel's listen backlog (longer than the default 5) until a worker is free."""
+
+    request_queue_size = 1024
+
+    def __init__(self, address, handler, max_workers):
+        self.workers = threading.BoundedSemaphore(max_workers)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        self.workers.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: nobody else will give the worker back
+            self.workers.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.workers.release()
+
+
 def main(args: Args) -> None:
     if args.overlap < 1 or args.golden_every < 1 or args.golden_min < 1 or not 0 <= args.golden_threshold <= 1:
         raise SystemExit("error: --overlap, --golden-every and --golden-min must be positive, --golden-threshold in [0, 1]")
+    if not (args.lease_seconds > 0 and args.live_seconds > 0 and args.timeout > 0 and args.max_workers > 0):
+        raise SystemExit("error: --lease-seconds, --live-seconds, --timeout and --max-workers must be positive")
     try:
-        store = LabelStore(args.db, args.overlap, args.golden_every, args.golden_min, args.golden_threshold)
+        store = LabelStore(
+            args.db,
+            args.overlap,
+            args.golden_every,
+            args.golden_min,
+            args.golden_threshold,
+            args.lease_seconds,
+            args.live_seconds,
+        )
     except sqlite3.Error as error:
         raise SystemExit(f"error: cannot open the database {args.db}: {error}") from None
     try:
-        server = ThreadingHTTPServer((args.host, args.port), make_handler(store, args))
+        server = Server((args.host, args.port), make_handler(store, args), args.max_workers)
     except OSError as error:
         raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {error}") from None
     server.daemon_threads = True

@@ -8,6 +8,8 @@ import re
 import socket
 import sqlite3
 import threading
+import time
+import urllib.parse
 from contextlib import closing
 
 import label_server as ls
@@ -444,3 +446,177 @@ def test_an_internal_error_answers_500_logs_its_traceback_and_the_server_recover
     server.stop()
     assert (" PUT /api/clips/c1 500 " in server.log()) != quiet
     assert (" GET /healthz 200 " in server.log()) != quiet
+
+
+# --- several raters at once (issue 20): leases instead of lockstep ---
+
+
+def test_raters_asking_in_turn_get_different_pairs(label_server):
+    server = label_server()  # overlap 1
+    for i in range(4):
+        post_pair(server, f"p{i}")
+    served = [next_pair(server, rater)["pair_id"] for rater in ("ann", "bob", "cat")]
+    assert served == ["p0", "p1", "p2"]  # each pair leased to the one rater who got it, oldest first
+    assert next_pair(server, "dan")["pair_id"] == "p3"
+    assert next_pair(server, "eve") is None  # everything is leased: nobody else is sent to a pair already taken
+    # an answer ends the lease: a pair that needs no more answers is never handed out again
+    answer(server, "p0", "ann", "left")
+    assert next_pair(server, "ann") is None and next_pair(server, "eve") is None
+
+
+def test_at_overlap_2_a_pair_goes_to_two_raters_not_three(label_server):
+    server = label_server("--overlap", 2)
+    post_pair(server, "p0")
+    post_pair(server, "p1")
+    assert [next_pair(server, r)["pair_id"] for r in ("ann", "bob", "cat", "dan")] == ["p0", "p0", "p1", "p1"]
+    assert next_pair(server, "eve") is None
+    # one answer in, one lease still out: the pair needs one more answer and has a rater on it
+    answer(server, "p0", "ann", "left")
+    assert next_pair(server, "eve") is None
+    answer(server, "p0", "bob", "left")
+    assert [x["pair_id"] for x in labels(server)] == ["p0"]
+
+
+def test_an_expired_lease_goes_back_to_the_queue(label_server):
+    server = label_server("--lease-seconds", 0.5)
+    post_pair(server, "p0")
+    assert next_pair(server, "ann")["pair_id"] == "p0"
+    assert next_pair(server, "bob") is None  # leased to ann
+    time.sleep(0.8)  # ann walked away
+    assert next_pair(server, "bob")["pair_id"] == "p0"
+    # ann's late answer still counts (the first answers count, leases only decide who is asked)
+    assert answer(server, "p0", "ann", "right")[1]["final"] is True
+    assert next_pair(server, "cat") is None
+
+
+def test_a_rater_asking_again_before_answering_gets_the_same_pair(label_server):
+    server = label_server("--golden-every", 2)
+    post_pair(server, "p0")
+    post_pair(server, "p1")
+    post_pair(server, "gold0", golden="left")
+    first = next_pair(server, "ann")
+    assert first["pair_id"] == "gold0"  # a golden pair first, as before
+    assert next_pair(server, "ann")["pair_id"] == "gold0"  # a page reload: the same pair, not the next one
+    answer(server, "gold0", "ann", "left")
+    assert next_pair(server, "ann")["pair_id"] == "p0"
+    assert next_pair(server, "ann")["pair_id"] == "p0"
+    assert next_pair(server, "bob")["pair_id"] == "gold0"
+    assert next_pair(server, "bob")["pair_id"] == "gold0"
+    answer(server, "gold0", "bob", "left")
+    assert next_pair(server, "bob")["pair_id"] == "p1"  # p0 is ann's
+
+
+def test_pairs_of_live_experiments_come_first(label_server):
+    server = label_server("--live-seconds", 1)
+    post_pair(server, "old0", experiment="ended")  # a run that stopped posting and polling
+    time.sleep(1.3)
+    post_pair(server, "new0", experiment="running")
+    assert next_pair(server, "ann")["pair_id"] == "new0"  # newer, but its trainer is still there
+    assert next_pair(server, "bob")["pair_id"] == "old0"  # the ended run's pairs are still served, after
+    post_pair(server, "old1", experiment="ended")
+    time.sleep(1.3)
+    labels(server, experiment="ended")  # polling for labels makes an experiment live again
+    post_pair(server, "new1", experiment="running")
+    assert next_pair(server, "cat")["pair_id"] == "old1"  # both live: oldest first
+
+
+# --- rater names (issue 20) ---
+
+
+@pytest.mark.parametrize("name", ["José", "Zoë Müller", "李雷", "o'brien", "ann.b@lab-1", "Ωmega_2"])
+def test_rater_names_may_be_any_letters_and_digits(label_server, name):
+    server = label_server()
+    post_pair(server, "p1")
+    assert next_pair(server, urllib.parse.quote(name))["pair_id"] == "p1"
+    assert answer(server, "p1", name, "left")[0] == 201
+    status, body = server.call("GET", "/api/stats?rater=" + urllib.parse.quote(name))
+    assert (status, body) == (200, {"answered": 1, "waiting": 0})
+
+
+@pytest.mark.parametrize("name", ["", "   ", "<script>", "a\x00b", "a\nb", "a\tb", "x" * 65, "-lead", "a/b"])
+def test_rater_names_with_control_characters_or_markup_are_refused(label_server, name):
+    server = label_server()
+    post_pair(server, "p1")
+    status, body = answer(server, "p1", name, "left")
+    assert status == 400 and "rater" in body["error"], body
+
+
+def test_names_differing_only_by_case_or_spaces_are_one_rater(label_server):
+    server = label_server("--overlap", 2)
+    post_pair(server, "p1")
+    assert answer(server, "p1", "alice", "left")[0] == 201
+    for same in ("Alice", "alice ", " ALICE", "Alice\u00a0"):
+        status, body = answer(server, "p1", same, "right")
+        assert status == 200 and body["duplicate"], (same, body)
+    assert server.call("GET", "/healthz")[1]["answers"] == 1
+    assert server.call("GET", "/api/stats?rater=ALICE")[1] == {"answered": 1, "waiting": 0}
+    # composed and decomposed accents are one name too (NFC), and so are their cases
+    post_pair(server, "p2")
+    assert answer(server, "p2", "Jos\u00e9", "left")[0] == 201
+    assert answer(server, "p2", "JOSE\u0301", "left")[1]["duplicate"]
+    assert server.call("GET", "/api/pairs/p1")[1]["answers"] == [{"rater": "alice", "choice": "left"}]
+
+
+# --- slow and idle clients (issue 20): timeouts and a bounded number of threads ---
+
+
+def half_sent(port, data):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(data)
+    return sock
+
+
+def test_a_half_sent_request_is_disconnected_after_the_timeout_and_others_are_served(label_server):
+    server = label_server("--timeout", 1)
+    post_pair(server, "p1")
+    started = time.monotonic()
+    hanging = [half_sent(server.port, b"GET /heal") for _ in range(5)]  # the request line never ends
+    hanging += [  # the headers promise a body that never comes
+        half_sent(server.port, b'POST /api/labels HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pair_id"')
+        for _ in range(5)
+    ]
+    hanging.append(half_sent(server.port, b""))  # connected, never says anything
+    assert server.call("GET", "/healthz")[0] == 200  # served while they hang
+    for sock in hanging:
+        with sock:
+            rest = b""
+            while chunk := sock.recv(65536):  # the server closes: recv returns b"" (a socket.timeout fails the test)
+                rest += chunk
+        assert b"HTTP/1.1 200" not in rest
+    assert time.monotonic() - started < 5
+    assert server.call("GET", "/healthz")[1]["answers"] == 0  # the half-sent answers recorded nothing
+
+
+def server_threads(server):
+    with open(f"/proc/{server.process.pid}/status") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
+def test_idle_connections_hold_at_most_max_workers_threads(label_server):
+    server = label_server("--timeout", 1, "--max-workers", 4)
+    idle = [half_sent(server.port, b"") for _ in range(12)]  # e.g. keep-alive connections a browser keeps open
+    time.sleep(0.5)
+    assert server_threads(server) <= 4 + 1, server_threads(server)  # the workers and the main thread
+    started = time.monotonic()
+    # queued in the backlog behind the idle ones, served once they have timed out, 4 at a time (about 3 s)
+    assert server.call("GET", "/healthz")[0] == 200
+    assert time.monotonic() - started < 8
+    for sock in idle:
+        sock.close()
+
+
+def test_answers_saved_under_older_spellings_of_a_name_join_the_normalised_rater(label_server, tmp_path):
+    db = tmp_path / "old.sqlite"
+    server = label_server(db=db)
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    server.stop()
+    with closing(sqlite3.connect(db)) as old:  # rows as the server wrote them before names were normalised
+        old.executemany(
+            "INSERT INTO answers VALUES (?, ?, ?, 0)", [("p1", "Bob", "left"), ("p1", "bob ", "right"), ("p2", "Bob", "left")]
+        )
+        old.commit()
+    restarted = label_server(db=db)
+    assert restarted.call("GET", "/api/stats?rater=bob")[1]["answered"] == 2  # not 1 for "Bob" and 1 for "bob "
+    assert answer(restarted, "p2", "BOB", "right")[1]["duplicate"]  # the old answer is this rater's
+    assert next_pair(restarted, "bob") is None
