@@ -74,7 +74,7 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path / "stopped")
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
-    assert 1536 < stopped_at < 8192  # the iteration in progress when the signal came was finished
+    assert 1536 <= stopped_at < 8192  # stopped in RL (the first "step" line is at 1536), before the end
     assert 0 < len(np.load(run_dir / "labels.npz")["mu"]) < 100
 
     resumed = run_script(tmp_path / "stopped", f"--resume {run_dir}", timeout=600)
