@@ -970,6 +970,7 @@ if __name__ == "__main__":
         run_dir = f"runs/{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
     validate_args(args)
     rlhf = args.feedback != "true-reward"
+    env_kwargs = json.loads(args.env_kwargs)
     os.makedirs(run_dir, exist_ok=True)
     writer = SummaryWriter(run_dir)
     writer.add_text(
@@ -988,7 +989,7 @@ if __name__ == "__main__":
 
     # env setup
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env, i, args.capture_video, run_dir, json.loads(args.env_kwargs)) for i in range(args.num_envs)],
+        [make_env(args.env, i, args.capture_video, run_dir, env_kwargs) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
@@ -1027,7 +1028,7 @@ if __name__ == "__main__":
             args.instruction,
             args.clip_size,
             args.clip_fps,
-            env_kwargs=json.loads(args.env_kwargs),
+            env_kwargs=env_kwargs,
         )
         print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
 
@@ -1123,7 +1124,10 @@ if __name__ == "__main__":
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        print("stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)")
+        # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
+        os.write(
+            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
+        )
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
