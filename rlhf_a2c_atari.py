@@ -662,8 +662,8 @@ class SyntheticTeacher:
     """Prefers the segment with more game score (C17 3.1; equal scores are a tie), optionally with the noise of
     B-Pref's simulated teachers (Lee et al. 2021). Teachers share one interface: ask(left, right) queues pairs; poll()
     returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal (exact ties, or
-    scores within --teacher-equal-margin); pairs the teacher skips are dropped, and the next label round asks for them
-    again (the budget counts only labels in the buffer)."""
+    scores within --teacher-equal-margin); pairs the teacher skips are dropped, and the next label round asks for new pairs
+    in their place (the budget counts only labels answered)."""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -1184,7 +1184,8 @@ if __name__ == "__main__":
         start_iteration = checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
         global_step = (start_iteration - 1) * args.batch_size
         # every random stream goes on where it stopped: new labels get new validation splits and bootstrap weights,
-        # new pairs, batches and dropout masks (the games restart: the emulators' state is not saved). Checkpoints of
+        # new pairs, batches and dropout masks (the games restart: the emulators' state is not saved; a checkpoint
+        # written mid-round, e.g. on Ctrl-C, redoes that round's start with the later state). Checkpoints of
         # older versions have none: their streams restart from the seed
         random_states = checkpoint.get("random_states") or {}
         if "numpy" in random_states:
@@ -1207,8 +1208,8 @@ if __name__ == "__main__":
     predicted_episode_return = np.zeros(args.num_envs)
 
     def save_checkpoint():
-        """Everything needed to evaluate the agent or resume the run after the last completed iteration, as if it had
-        never stopped (but for the games' state)."""
+        """Everything needed to evaluate the agent or resume the run after the last completed iteration (exactly as if
+        it had never stopped only at a round's end, and but for the games' state)."""
         if reward_job is not None:
             wait([reward_job])  # the reward thread's step in progress (its error, if any, is raised where RL waits)
         step_done = reward_job is not None and reward_job.exception() is None  # A2C takes its weights at the next one

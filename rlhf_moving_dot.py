@@ -103,7 +103,7 @@ class Args:
     """with --offline: the SQLite preference database (default `runs/{run_name}/preferences.sqlite`); pairs already in
     it are reused and only the missing ones are labelled"""
     labels: int = 500
-    """total number of preference labels to query over the run (pairs the teacher skips are asked again)"""
+    """total number of preference labels to query over the run (a pair the teacher skips is no label: another is asked in its place)"""
     segment_len: int = 10
     """steps per segment (the blog: 1, C17: 15-60): short segments say more about each step, and 10 steps still
     show people a movement (a 1.7 s clip at --clip-fps 6)"""
@@ -143,8 +143,8 @@ class Args:
     teacher_epsilon: float = 0.0
     """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
     teacher_skip_threshold: float = float("-inf")
-    """synthetic teacher skips a pair when both segment returns are below this (B-Pref); skipped pairs are asked
-    again later, not counted in --labels"""
+    """synthetic teacher skips a pair when both segment returns are below this (B-Pref); skipped pairs are not
+    counted in --labels: new pairs are asked in their place"""
     teacher_equal_margin: float = 0.0
     """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
     label_server: str = "http://127.0.0.1:8000"
@@ -560,7 +560,7 @@ class SyntheticTeacher:
     heuristic; equal movement is a tie), optionally with the noise of B-Pref's simulated teachers (Lee et al. 2021).
     Teachers share one interface: ask(left, right) queues pairs; poll() returns the answered ones as (left, right, mu),
     mu = 1 left better, 0 right better, 0.5 equal (exact ties, or returns within --teacher-equal-margin). Pairs the
-    teacher skips (--teacher-skip-threshold) are dropped: they do not count in the budget and are asked again later."""
+    teacher skips (--teacher-skip-threshold) are dropped: they do not count in the budget, and new pairs are asked in their place."""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -1231,7 +1231,7 @@ if __name__ == "__main__":
             rollout_actions = actions.cpu().numpy()
             if rlhf:
                 # RLHF: ask what the schedule has called for so far and is neither held nor on its way (C17 A.1
-                # schedule, 2.2.4 selection): a resumed run asks nothing twice; pairs the teacher skipped are asked again
+                # schedule, 2.2.4 selection): a resumed run asks nothing twice; pairs the teacher skipped are replaced by new ones
                 to_ask = int(schedule[:iteration].sum()) - buffer.size - teacher.pending
                 if to_ask > 0:
                     rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards}

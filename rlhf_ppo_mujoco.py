@@ -1178,7 +1178,7 @@ if __name__ == "__main__":
         rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
         if rlhf:
             # RLHF: query the labels the schedule asks for so far (C17 A.1), less those held or on their way: a resumed run
-            # asks nothing twice, and pairs the teacher skipped are asked again
+            # asks nothing twice, and pairs the teacher skipped are replaced by new ones
             to_ask = int(schedule[:iteration].sum()) - buffer.size - teacher.pending
             if to_ask > 0:
                 rollout = {
