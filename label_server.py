@@ -70,7 +70,7 @@ CREATE TABLE IF NOT EXISTS labels (seq INTEGER PRIMARY KEY AUTOINCREMENT, pair_i
                                    created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 -- answers saved before rater names were normalised (then ASCII only): "Alice" and "alice " become "alice"; where both
--- answered a pair, the other spelling's answer stays as it was (OR IGNORE), as a second answer would be ignored now
+-- answered a pair, the other spelling's answer keeps its old name (OR IGNORE) and still counts as another rater's
 UPDATE OR IGNORE answers SET rater = lower(trim(rater)) WHERE rater != lower(trim(rater));
 """
 
