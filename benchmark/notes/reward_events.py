@@ -8,7 +8,7 @@ paddle towards the ball (read from the console's RAM): play clearly better than 
 captured the game rates above random play.
 
 Usage (from the repository root):
-  python benchmark/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100] [--random] [--pong-tracker]
+  python benchmark/notes/reward_events.py runs/NAME [--steps 20000] [--before 10] [--after 2] [--seed 100] [--random] [--pong-tracker]
 The learned reward is shown as z-scores (its mean and std over all the steps played), so runs with different
 normalisations compare. Offsets are in agent steps relative to the step whose action was rewarded.
 """
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 import rlhf_a2c_atari as atari  # noqa: E402
 
 

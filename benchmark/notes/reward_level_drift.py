@@ -9,7 +9,7 @@ The preference loss does not depend on a reward's level, so nothing holds it in 
 statistics and the weights move it. (rlhf_a2c_atari.py --pin-reward-level undoes each move in training.)
 
 Usage (from the repository root):
-  python benchmark/reward_level_drift.py runs/NAME [--updates 12] [--steps 200] [--seed 0]
+  python benchmark/notes/reward_level_drift.py runs/NAME [--updates 12] [--steps 200] [--seed 0]
 """
 
 import argparse
@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 import rlhf_a2c_atari as atari  # noqa: E402
 
 

@@ -2,8 +2,8 @@
 members, forward and backward, one torch thread) for the working tree and for an earlier commit, alternating the
 two so both see the same load. Prints the median seconds per step of each and their ratio.
 
-    python benchmark/atari_reward_step.py --before 3f6c7fe --repeats 5
-    python benchmark/atari_reward_step.py --before 3f6c7fe --profile   # where one step of each spends its time
+    python benchmark/notes/atari_reward_step.py --before 3f6c7fe --repeats 5
+    python benchmark/notes/atari_reward_step.py --before 3f6c7fe --profile   # where one step of each spends its time
 """
 
 import argparse
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
 
 def load_script(source: str, name: str):
