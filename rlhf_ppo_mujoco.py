@@ -38,9 +38,9 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=False`"""
     cuda: bool = False
-    """if toggled, cuda will be used when available (the networks are tiny: the CPU is usually faster)"""
+    """if toggled, cuda will be used when available"""
     threads: int = 1
-    """torch CPU threads (1 lets several runs share a machine without slowing each other)"""
+    """torch CPU threads (1 lets several runs share a machine)"""
     capture_video: bool = False
     """whether to capture videos of the agent performances (check out `videos` folder)"""
     save_model: bool = False
@@ -100,7 +100,7 @@ class Args:
     labels: int = 1400
     """total number of preference labels to query over the run (C17: 700 or 1400)"""
     segment_len: int = 50
-    """steps per segment (C17 A.1: 15-60); 50 Hopper steps is 0.4 s of simulated time, about one hop"""
+    """steps per segment (C17 A.1: 15-60)"""
     pretrain_fraction: float = 0.25
     """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%)"""
     pretrain_steps: int = 10240
@@ -108,8 +108,8 @@ class Args:
     pretrain_epochs: int = 50
     """epochs of reward-model training on the pretraining labels before RL starts"""
     schedule_horizon: float = 2e5
-    """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6, which spreads
-    a 1M-step run's labels almost evenly; 2e5 asks more of them early, while the policy changes fastest)"""
+    """labels after pretraining arrive at a rate proportional to horizon / (T + horizon), T the steps so far (C17 A.1:
+    2e6; README: departures from C17)"""
     selection: Literal["variance", "random"] = "variance"
     """how pairs are chosen: highest ensemble disagreement among candidates (C17 2.2.4), or at random (ablation)"""
     candidate_multiplier: int = 10
@@ -121,15 +121,14 @@ class Args:
     reward_batch_size: int = 64
     """preference pairs per reward-model gradient step"""
     reward_updates: int = 16
-    """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2; 16 rather
-    than 3 so it keeps up in the first 100k steps, where PPO settles on a gait: benchmark/README.md)"""
+    """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2)"""
     reward_eval_every: int = 10
-    """iterations between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
+    """reward-training rounds between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
     """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1 on MuJoCo)"""
     anchor_absorbing: bool = True
-    """shift the normalised reward given to PPO so the absorbing (fallen) state earns 0, as under the true reward (the
-    optimal policy is unchanged; with zero mean PPO learns to stay up far more slowly: benchmark/README.md)"""
+    """shift the normalised reward given to PPO so the absorbing (fallen) state earns 0, as under the true reward
+    (README: episodes that end early)"""
     label_noise: float = 0.1
     """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
     teacher_beta: float = float("inf")
@@ -139,8 +138,8 @@ class Args:
     teacher_epsilon: float = 0.0
     """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
     teacher_skip_threshold: float = float("-inf")
-    """synthetic teacher skips a pair when both segment returns are below this (B-Pref; absolute, in segment return);
-    a skipped pair is no label: the run asks for another in its place"""
+    """synthetic teacher skips a pair when both segment returns are below this (B-Pref); the run asks for another pair
+    in its place"""
     teacher_equal_margin: float = 0.0
     """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
     label_server: str = "http://127.0.0.1:8000"
@@ -150,9 +149,9 @@ class Args:
     instruction: str = "Which clip shows the robot moving forward faster without falling?"
     """with --feedback human: the question raters are asked"""
     clip_size: int = 160
-    """with --feedback human: clip width and height in pixels (software rendering: about 15 frames/s at 160x160)"""
+    """with --feedback human: clip width and height in pixels"""
     clip_fps: int = 30
-    """with --feedback human: playback frame rate; 50 steps at 30 frames/s is a 1.7 s clip (C17 B: 1-2 s)"""
+    """with --feedback human: playback frame rate (C17 B: clips of 1-2 s)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -165,8 +164,26 @@ class Args:
     """rollouts of the initial policy used only for pretraining labels (computed in runtime)"""
 
 
+def fill_runtime_fields(args: Args) -> None:
+    """Set the fields computed from the flags (batch and minibatch sizes, iteration counts); refuses sizes that they
+    cannot be computed from."""
+    if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1:
+        raise SystemExit("error: --num-envs, --num-steps and --total-timesteps must be positive")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise SystemExit(
+            f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "
+            f"must divide into --num-minibatches {args.num_minibatches}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    rlhf = args.feedback != "true-reward"
+    args.pretrain_iterations = math.ceil(args.pretrain_steps / args.batch_size) if rlhf else 0
+    args.num_iterations = args.total_timesteps // args.batch_size
+
+
 def validate_args(args: Args) -> None:
-    """Reject impossible settings with a message (no traceback) before anything is created."""
+    """Reject impossible settings with a message (no traceback) before anything is created. Expects the run-time
+    fields (fill_runtime_fields); changes nothing."""
     if args.env not in gym.registry:
         close = difflib.get_close_matches(args.env, list(gym.registry), n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
@@ -186,25 +203,13 @@ def validate_args(args: Args) -> None:
     probe.close()
     if not continuous:
         raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
-    if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1:
-        raise SystemExit("error: --num-envs, --num-steps and --total-timesteps must be positive")
-    args.batch_size = args.num_envs * args.num_steps
-    if args.batch_size % args.num_minibatches:
-        raise SystemExit(
-            f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "
-            f"must divide into --num-minibatches {args.num_minibatches}"
-        )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    rlhf = args.feedback != "true-reward"
-    args.pretrain_iterations = math.ceil(args.pretrain_steps / args.batch_size) if rlhf else 0
-    args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations <= args.pretrain_iterations:
         raise SystemExit(
             f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations} "
             f"pretraining rollouts of {args.batch_size} steps; use at least "
             f"{(args.pretrain_iterations + 1) * args.batch_size}"
         )
-    if not rlhf:
+    if args.feedback == "true-reward":
         return
     if args.feedback == "human":
         if not args.label_server.startswith(("http://", "https://")):
@@ -511,19 +516,27 @@ def to_torch(segments):
     return {k: torch.as_tensor(v, dtype=torch.float32) for k, v in segments.items()}
 
 
-# RLHF: the synthetic teacher
+def simulator_states(envs):
+    """Each environment's MuJoCo positions and velocities: with a segment's actions, what renders it for people."""
+    return np.stack([np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel]) for env in envs.envs])
+
+
+# RLHF: the teachers. Every teacher has the same small interface, so the training loop never asks which one it has:
+#   start() -> the teacher     ask(left, right): queue pairs     poll() -> [(left, right, mu), ...] answered so far
+#   pending: pairs asked, not yet handed over by poll()     wait_for_answers(stop) -> False if `stop` ended the wait
+#   save() / load(): the unanswered pairs, with the run     close()
+# mu = 1 left better, 0 right better, 0.5 equal. A new teacher (e.g. a scripted one, a function of two segments'
+# observations, actions and simulator states) needs these methods and a branch in make_teacher.
 class SyntheticTeacher:
     """Prefers the segment with more true reward (C17's synthetic labels), optionally with the noise of B-Pref's
-    simulated teachers (Lee et al. 2021). Teachers share one interface: ask(left, right) queues pairs;
-    poll() returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal; pairs the
-    teacher skips get no answer (they are not labels: the run asks for others later); exact ties, or returns within
-    `equal_margin`, are answered "equal" (mu 0.5)."""
+    simulated teachers (Lee et al. 2021). It answers when asked. Pairs it skips get no answer (they are not labels: the
+    run asks for others later); exact ties, or returns within `equal_margin`, are answered "equal" (mu 0.5)."""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
         self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
         self.answered = []
-        self.pending = 0  # pairs asked but not yet answered (always 0 for a synthetic teacher)
+        self.pending = 0  # pairs asked but not yet answered: always 0, answers come at once
 
     def preferences(self, true_left, true_right):
         """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
@@ -543,30 +556,322 @@ class SyntheticTeacher:
 
     def ask(self, left, right):
         mu = self.preferences(left["true_reward"], right["true_reward"])
-        keep = ~np.isnan(mu)
-        self.answered.append((index_segments(left, keep), index_segments(right, keep), mu[keep]))
+        answered = ~np.isnan(mu)
+        self.answered.append((index_segments(left, answered), index_segments(right, answered), mu[answered]))
 
     def poll(self):
         answered, self.answered = self.answered, []
         return answered
 
+    def start(self):
+        return self
 
-# RLHF: the human teacher, through label_server.py (C17 appendix B)
+    def wait_for_answers(self, stop):
+        return True  # every pair was answered when asked
+
+    def save(self):
+        pass  # nothing is ever unanswered
+
+    def load(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def make_teacher(args, run_dir, rng, env_kwargs):
+    """The teacher --feedback names (the one place that asks which teacher the run has)."""
+    if args.feedback == "synthetic":
+        return SyntheticTeacher(
+            rng,
+            args.teacher_beta,
+            args.teacher_gamma,
+            args.teacher_epsilon,
+            args.teacher_skip_threshold,
+            args.teacher_equal_margin,
+        )
+    teacher = HumanTeacher(
+        run_dir, args.env, args.label_server, args.label_token, args.instruction, args.clip_size, args.clip_fps, env_kwargs
+    )
+    print(f"human feedback: pairs go to {args.label_server}/ (experiment {teacher.experiment}); open it in a browser to label")
+    return teacher
+
+
+# RLHF: the labels, with each member's bootstrap weights and validation split (C17 2.2.3)
+class LabelBuffer:
+    """Preference labels of the run. Each member weighs each label by a Poisson(1) draw, the online form of a bootstrap
+    resample of the labels; the labels its resample leaves out (weight 0, probability 1/e: C17 2.2.3's held-out 1/e)
+    are its validation set. The buffer grows if more labels arrive than it was made for: no answer is dropped."""
+
+    def __init__(self, capacity, segment_len, obs_dim, act_dim, ensemble_size, rng):
+        self.rng, self.size = rng, 0
+        shape = (capacity, 2, segment_len)
+        self.data = {
+            "obs": np.zeros(shape + (obs_dim,), np.float32),
+            "act": np.zeros(shape + (act_dim,), np.float32),
+            "mask": np.zeros(shape, np.float32),
+            "true_reward": np.zeros(shape, np.float32),
+            "mu": np.zeros(capacity, np.float32),
+            "is_val": np.zeros((capacity, ensemble_size), bool),
+            "weight": np.zeros((capacity, ensemble_size), np.float32),
+        }
+
+    def add(self, left, right, mu):
+        n = len(mu)
+        if self.size + n > len(self.data["mu"]):
+            self._grow(self.size + n)
+        new = slice(self.size, self.size + n)
+        for key in ("obs", "act", "mask", "true_reward"):
+            self.data[key][new, 0], self.data[key][new, 1] = left[key], right[key]
+        self.data["mu"][new] = mu
+        self.data["weight"][new] = self.rng.poisson(1.0, (n, self.data["weight"].shape[1]))
+        self.data["is_val"][new] = self.data["weight"][new] == 0
+        self.size += n
+        return n
+
+    def _grow(self, capacity):
+        for key, values in self.data.items():
+            grown = np.zeros((capacity,) + values.shape[1:], values.dtype)
+            grown[: self.size] = values[: self.size]
+            self.data[key] = grown
+
+    def get(self, idx=None):
+        """The labels (all, or those at `idx`) as tensors; segments as `left`/`right` dicts."""
+        idx = slice(0, self.size) if idx is None else idx
+        batch = {k: torch.as_tensor(v[idx]) for k, v in self.data.items()}
+        left = {k: batch[k][:, 0] for k in ("obs", "act", "mask")}
+        right = {k: batch[k][:, 1] for k in ("obs", "act", "mask")}
+        return left, right, batch
+
+    def save(self, path):
+        tmp = path + ".tmp.npz"
+        np.savez_compressed(tmp, **{k: v[: self.size] for k, v in self.data.items()})
+        os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous file
+
+    def load(self, path):
+        with np.load(path) as saved:
+            n = len(saved["mu"])
+            if n > len(self.data["mu"]):
+                self._grow(n)
+            for k in self.data:
+                self.data[k][:n] = saved[k]
+        self.size = n
+
+
+# RLHF: fitting the reward model to the labels (C17 2.2.3)
+def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
+    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
+    if buffer.size == 0:
+        return
+    for _ in range(steps):
+        left, right, batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
+        losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
+        weight = batch["weight"].T  # (members, batch)
+        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@torch.no_grad()
+def validate_reward_model(ensemble, buffer, label_noise):
+    """Each member's training loss (weighted by its bootstrap weights: the loss it was trained on) and validation loss
+    (on the labels its bootstrap left out), and the share of held-out strict preferences each member orders correctly
+    (averaged over members). Changes nothing."""
+    _, _, batch = buffer.get()
+    returns = ensemble.segment_returns(batch)  # (members, labels, 2)
+    losses = preference_loss(returns[..., 0], returns[..., 1], batch["mu"], label_noise)
+    is_val = batch["is_val"].T.float()
+    weight = batch["weight"].T
+    train_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1)
+    val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
+    correct = ((returns[..., 0] > returns[..., 1]).float() == batch["mu"]).float()
+    judged = is_val * (batch["mu"] != 0.5).float()  # "equal" answers have no right order
+    val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
+    return train_loss, val_loss, val_accuracy
+
+
+@torch.no_grad()
+def fit_reward_normalization(ensemble, buffer, target_std):
+    """C17 2.2.1: refit the ensemble's normalisation on the steps the teacher has judged (absorbing steps excluded)."""
+    _, _, batch = buffer.get()
+    ensemble.fit_normalization(ensemble(batch["obs"], batch["act"])[:, batch["mask"] > 0], target_std)
+
+
+def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
+    loss, no held-out label yet, leaves the coefficient as it is)."""
+    ratio = val_loss / train_loss.clamp(min=1e-8)
+    return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
+
+
+class RewardModelTraining:
+    """The reward ensemble with what its training carries from one iteration to the next: Adam, each member's L2
+    coefficient, the number of training rounds so far, and the latest validation figures."""
+
+    def __init__(self, ensemble, learning_rate):
+        self.ensemble = ensemble
+        self.optimizer = optim.Adam(ensemble.parameters(), lr=learning_rate)
+        self.l2_coef = torch.full((ensemble.size,), 1e-4)
+        self.rounds = 0  # training rounds so far; every --reward-eval-every-th is followed by a validation pass
+        self.train_loss = self.val_loss = torch.full((ensemble.size,), math.nan)
+        self.val_accuracy = math.nan
+
+    def train(self, buffer, rounds, steps_per_round, args, rng, validate_at_end=False):
+        """`rounds` rounds of `steps_per_round` Adam steps. Every --reward-eval-every-th round (and the last, with
+        `validate_at_end`) is followed by a validation pass: the figures, the L2 coefficients adapted to them, and the
+        reward normalisation refit."""
+        for round_in_call in range(1, rounds + 1):
+            train_reward_model(
+                self.ensemble,
+                self.optimizer,
+                buffer,
+                self.l2_coef,
+                steps_per_round,
+                args.reward_batch_size,
+                args.label_noise,
+                rng,
+            )
+            self.rounds += 1
+            if self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds):
+                self.train_loss, self.val_loss, self.val_accuracy = validate_reward_model(
+                    self.ensemble, buffer, args.label_noise
+                )
+                self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
+                fit_reward_normalization(self.ensemble, buffer, args.reward_std)
+
+    def state_dict(self):
+        return {
+            "reward_ensemble": self.ensemble.state_dict(),
+            "reward_optimizer": self.optimizer.state_dict(),
+            "l2_coef": self.l2_coef,
+            "fits": self.rounds,
+            "reward_model_figures": (self.train_loss, self.val_loss, self.val_accuracy),
+        }
+
+    def load_state_dict(self, state):
+        self.ensemble.load_state_dict(state["reward_ensemble"])
+        self.optimizer.load_state_dict(state["reward_optimizer"])
+        self.l2_coef = state["l2_coef"]
+        if "fits" in state:  # checkpoints from before exact resumption have no counters
+            self.rounds, (self.train_loss, self.val_loss, self.val_accuracy) = state["fits"], state["reward_model_figures"]
+
+
+def pretrain_reward_model(reward_training, buffer, args, rng):
+    """C17 A.1: --pretrain-epochs passes over the pretraining labels before RL starts, then a validation pass."""
+    epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
+    reward_training.train(buffer, args.pretrain_epochs, epoch_steps, args, rng, validate_at_end=True)
+    print(
+        f"reward model pretrained on {buffer.size} labels: val accuracy {reward_training.val_accuracy:.2f}, "
+        f"train loss {reward_training.train_loss.mean():.3f}, val loss {reward_training.val_loss.nanmean():.3f}"
+    )
+
+
+NO_LABEL_HINT = "RL needs a reward model to start: lower --teacher-skip-threshold, or answer some pairs (--resume asks again)"
+
+
+# PPO change (README "Changes to PPO"): CleanRL's reward scaling (gym's NormalizeReward), applied to whichever reward
+# PPO gets, the learned one included; the wrapper could only scale the environment's reward
+def update_return_scale(return_rms, rewards, dones, running_return, gamma):
+    """Add a rollout's rewards to each environment's running discounted return (`running_return`, in place) and to
+    its statistics (`return_rms`); returns the scale PPO divides rewards by: the std of that return."""
+    returns = np.zeros_like(rewards)
+    for t in range(len(rewards)):
+        running_return[:] = running_return * gamma + rewards[t]
+        returns[t] = running_return
+        running_return[dones[t]] = 0.0
+    return_rms.update(returns.reshape(-1))
+    return np.sqrt(return_rms.var + 1e-8)
+
+
+# PPO change (README "Changes to PPO"): a time limit is not a fall, so it is bootstrapped, not ended
+@torch.no_grad()
+def truncation_values(agent, obs_rms, infos, terminated, truncated, device):
+    """The critic's value of the state each environment's episode was cut at by its time limit (0 elsewhere)."""
+    values = np.zeros(len(truncated), np.float32)
+    cut = infos["_final_obs"] & truncated & ~terminated if "final_obs" in infos else np.zeros(len(truncated), bool)
+    if cut.any():
+        final_obs = normalize_obs(obs_rms, np.stack(infos["final_obs"][cut]))
+        values[cut] = agent.get_value(torch.as_tensor(final_obs).to(device)).flatten().cpu().numpy()
+    return values
+
+
+# RLHF: ask the teacher, store its answers
+def query_labels(rng, ensemble, teacher, buffer, rollout, labels_due, selection, args):
+    """Ask the teacher for the labels the schedule has due so far, less those held or on their way (a resumed run asks
+    nothing twice; pairs the teacher skipped are replaced by new ones), then store every answer received."""
+    to_ask = labels_due - buffer.size - teacher.pending
+    if to_ask > 0:
+        left, right = select_pairs(rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection)
+        teacher.ask(left, right)
+    store_answers(teacher, buffer)
+
+
+def store_answers(teacher, buffer):
+    for left, right, mu in teacher.poll():
+        buffer.add(left, right, mu)
+
+
+# RLHF: the reward PPO optimises
+def anchor_at_absorbing(rewards, absorbing_reward):
+    """Shift the normalised learned reward by one constant so that the absorbing (fallen) state earns 0, as under the
+    true reward. Bradley-Terry fixes only differences of summed rewards, so every preference the model predicts and
+    the optimal policy stay the same (README "Episodes that end early"). Returns (shifted step rewards, the absorbing
+    state's reward: 0)."""
+    return rewards - absorbing_reward, 0.0
+
+
+def finish_episode_returns(rewards, dones, episode_returns):
+    """Add a rollout's rewards (steps, envs) to each environment's episode return so far (`episode_returns`, in place);
+    returns the returns of the episodes that ended, in order."""
+    finished = []
+    for t in range(len(rewards)):
+        episode_returns += rewards[t]
+        finished += [episode_returns[i] for i in np.flatnonzero(dones[t])]
+        episode_returns[dones[t]] = 0.0
+    return finished
+
+
+def log_reward_model(writer, global_step, reward_training, buffer, teacher, learned_rewards, true_rewards, label_budget):
+    """RLHF: the reward model's figures and the label counts, to TensorBoard; returns them for the progress line."""
+    constant = learned_rewards.std() == 0 or true_rewards.std() == 0  # e.g. InvertedPendulum: the true reward is 1
+    correlation = math.nan if constant else np.corrcoef(learned_rewards.ravel(), true_rewards.ravel())[0, 1]
+    writer.add_scalar("reward_model/loss", reward_training.train_loss.mean().item(), global_step)
+    writer.add_scalar("reward_model/val_loss", reward_training.val_loss.nanmean().item(), global_step)
+    writer.add_scalar("reward_model/val_accuracy", reward_training.val_accuracy, global_step)
+    writer.add_scalar("reward_model/l2", reward_training.l2_coef.mean().item(), global_step)
+    writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+    # the learned reward of a fall on C17's zero-mean scale (before --anchor-absorbing shifts it to 0)
+    writer.add_scalar("reward_model/absorbing_reward", reward_training.ensemble.normalized_absorbing_reward(), global_step)
+    writer.add_scalar("labels/total", buffer.size, global_step)
+    writer.add_scalar("labels/pending", teacher.pending, global_step)
+    return f", labels {buffer.size}/{label_budget}, val acc {reward_training.val_accuracy:.2f}, corr {correlation:.2f}"
+
+
+# =====================================================================================================================
+# Infrastructure: the human teacher (C17 appendix B). Clips are rendered from the saved simulator states, encoded and
+# sent to label_server.py by a background thread; answers come back over HTTP. Readers of the synthetic path can skip
+# this block.
+# =====================================================================================================================
 MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
 
 
 class HumanTeacher:
-    """People answer in a browser, through label_server.py. Same interface as SyntheticTeacher. ask() only queues;
-    a background thread renders each pair's clips (restoring the simulator state saved with the segment and replaying
-    its actions offscreen), uploads them, posts the pair and polls for answers, retrying with backoff while the server
-    is down, so training goes on while people label (C17 2.2: asynchronous). Pairs not yet answered are saved with
-    the run (save/load) and asked again when it resumes."""
+    """People answer in a browser, through label_server.py. The teachers' interface (see SyntheticTeacher). ask() only
+    queues; a background thread renders each pair's clips (restoring the simulator state saved with the segment and
+    replaying its actions offscreen), uploads them, posts the pair and polls for answers, retrying with backoff while
+    the server is down, so training goes on while people label (C17 2.2: asynchronous). Pairs not yet answered are
+    saved with the run ({run_dir}/pending_pairs.npz) and asked again when it resumes. The run's pairs on the server
+    are its experiment, named after the run folder."""
 
     def __init__(
-        self, env_id, server, token, experiment, instruction, clip_size=160, clip_fps=30, poll_interval=2.0, env_kwargs=None
+        self, run_dir, env_id, server, token, instruction, clip_size=160, clip_fps=30, env_kwargs=None, poll_interval=2.0
     ):
         self.env_id, self.env_kwargs = env_id, env_kwargs or {}
-        self.server, self.token, self.experiment = server.rstrip("/"), token, experiment
+        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.normpath(run_dir)))
+        self.pending_path = os.path.join(run_dir, "pending_pairs.npz")
+        self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_size, self.clip_fps, self.poll_interval = instruction, clip_size, clip_fps, poll_interval
         self.lock = threading.Lock()
         self.queued = []  # pair ids still to render, upload and post
@@ -616,16 +921,19 @@ class HumanTeacher:
         lefts, rights, mus = zip(*batches)
         return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
 
-    def wait_for_all(self, stop, progress_every=10.0):
-        """Block until every asked pair is answered (the pretraining labels RL cannot start without), or `stop` is set."""
+    def wait_for_answers(self, stop, progress_every=10.0):
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without), or `stop` is set
+        (then returns False)."""
         last = 0.0
         while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
+                still_to_upload = len(self.queued)
                 print(
-                    f"waiting for {self.unanswered} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
+                    f"waiting for {self.unanswered} labels: label them at {self.server}/ ({still_to_upload} pairs still to upload)"
                 )
                 last = time.time()
             time.sleep(0.5)
+        return not stop.is_set()
 
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
@@ -731,11 +1039,14 @@ class HumanTeacher:
         return self
 
     def close(self):
+        """Stop the thread and save the pairs nobody has answered yet."""
         self.stop.set()
         self.thread.join(timeout=60)
+        self.save()
+        print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
 
     # --- persistence: asked but unanswered pairs survive a stopped run ---
-    def save(self, path):
+    def save(self):
         with self.lock:
             ids = list(self.waiting)
             state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
@@ -743,12 +1054,14 @@ class HumanTeacher:
                 for key in ("obs", "act", "mask", "true_reward", "sim_state"):
                     values = [self.waiting[i][which][key] for i in ids]
                     state[f"{side}_{key}"] = np.stack(values) if values else np.zeros(0, np.float32)
-        np.savez_compressed(path + ".tmp.npz", **state)
-        os.replace(path + ".tmp.npz", path)
+        np.savez_compressed(self.pending_path + ".tmp.npz", **state)
+        os.replace(self.pending_path + ".tmp.npz", self.pending_path)
 
-    def load(self, path):
+    def load(self):
         """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless)."""
-        with np.load(path) as state:
+        if not os.path.exists(self.pending_path):
+            return
+        with np.load(self.pending_path) as state:
             self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
             self.received_seq = self.consumed_seq
             for n, pair_id in enumerate(state["pair_ids"]):
@@ -760,154 +1073,51 @@ class HumanTeacher:
                 self.queued.append(str(pair_id))
 
 
-# RLHF: the labels, with each member's bootstrap weights and validation split (C17 2.2.3)
-class LabelBuffer:
-    """Preference labels of the run. Each member weighs each label by a Poisson(1) draw, the online form of a bootstrap
-    resample of the labels; the labels its resample leaves out (weight 0, probability 1/e: C17 2.2.3's held-out 1/e)
-    are its validation set. The buffer grows if more labels arrive than it was made for: no answer is dropped."""
-
-    def __init__(self, capacity, segment_len, obs_dim, act_dim, ensemble_size, rng):
-        self.rng, self.size = rng, 0
-        shape = (capacity, 2, segment_len)
-        self.data = {
-            "obs": np.zeros(shape + (obs_dim,), np.float32),
-            "act": np.zeros(shape + (act_dim,), np.float32),
-            "mask": np.zeros(shape, np.float32),
-            "true_reward": np.zeros(shape, np.float32),
-            "mu": np.zeros(capacity, np.float32),
-            "is_val": np.zeros((capacity, ensemble_size), bool),
-            "weight": np.zeros((capacity, ensemble_size), np.float32),
-        }
-
-    def add(self, left, right, mu):
-        n = len(mu)
-        if self.size + n > len(self.data["mu"]):
-            self._grow(self.size + n)
-        new = slice(self.size, self.size + n)
-        for key in ("obs", "act", "mask", "true_reward"):
-            self.data[key][new, 0], self.data[key][new, 1] = left[key], right[key]
-        self.data["mu"][new] = mu
-        self.data["weight"][new] = self.rng.poisson(1.0, (n, self.data["weight"].shape[1]))
-        self.data["is_val"][new] = self.data["weight"][new] == 0
-        self.size += n
-        return n
-
-    def _grow(self, capacity):
-        for key, values in self.data.items():
-            grown = np.zeros((capacity,) + values.shape[1:], values.dtype)
-            grown[: self.size] = values[: self.size]
-            self.data[key] = grown
-
-    def get(self, idx=None):
-        """The labels (all, or those at `idx`) as tensors; segments as `left`/`right` dicts."""
-        idx = slice(0, self.size) if idx is None else idx
-        batch = {k: torch.as_tensor(v[idx]) for k, v in self.data.items()}
-        left = {k: batch[k][:, 0] for k in ("obs", "act", "mask")}
-        right = {k: batch[k][:, 1] for k in ("obs", "act", "mask")}
-        return left, right, batch
-
-    def save(self, path):
-        tmp = path + ".tmp.npz"
-        np.savez_compressed(tmp, **{k: v[: self.size] for k, v in self.data.items()})
-        os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous file
-
-    def load(self, path):
-        with np.load(path) as saved:
-            n = len(saved["mu"])
-            if n > len(self.data["mu"]):
-                self._grow(n)
-            for k in self.data:
-                self.data[k][:n] = saved[k]
-        self.size = n
+# =====================================================================================================================
+# Infrastructure: checkpoints, resuming, stopping, evaluating a saved agent
+# =====================================================================================================================
+def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress):
+    """Everything needed to evaluate the agent or resume the run after its last completed iteration. `progress`: that
+    iteration, its step count, the observation the next step starts from and each environment's running return."""
+    iteration, global_step, next_obs_raw, running_return = progress
+    state = {
+        "args": vars(args),
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "obs_rms": obs_rms.state_dict(),
+        "return_rms": return_rms.state_dict(),
+        **(reward_training.state_dict() if reward_training else {"reward_ensemble": None, "reward_optimizer": None}),
+        "global_step": global_step,
+        "iteration": iteration,
+        # what makes a resumed run continue as if it had never stopped: the episodes in progress, every random
+        # stream, the running statistics and counters
+        "environments": environment_states(envs),
+        "next_obs_raw": next_obs_raw,
+        "random": random_states(rng),
+        "running_return": running_return,
+    }
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
 
 
-def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
-    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
-    if buffer.size == 0:
-        return
-    for _ in range(steps):
-        left, right, batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
-        losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
-        weight = batch["weight"].T  # (members, batch)
-        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+def load_checkpoint(run_dir):
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.isfile(checkpoint_path):
+        raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
+    return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
 
 
-@torch.no_grad()
-def evaluate_reward_model(ensemble, buffer, label_noise, target_std):
-    """Each member's training loss (weighted by its bootstrap weights: the loss it was trained on) and validation loss
-    (on the labels its bootstrap left out), and the share of held-out strict preferences each member orders correctly
-    (averaged over members). Also refits the reward normalisation on the judged steps."""
-    _, _, batch = buffer.get()
-    step_rewards = ensemble(batch["obs"], batch["act"])  # (members, labels, 2, L): one pass for everything below
-    returns = ensemble.sum_segments(step_rewards, batch["mask"])
-    losses = preference_loss(returns[..., 0], returns[..., 1], batch["mu"], label_noise)
-    is_val = batch["is_val"].T.float()
-    weight = batch["weight"].T
-    train_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1)
-    val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
-    correct = ((returns[..., 0] > returns[..., 1]).float() == batch["mu"]).float()
-    judged = is_val * (batch["mu"] != 0.5).float()  # "equal" answers have no right order
-    val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
-    ensemble.fit_normalization(step_rewards[:, batch["mask"] > 0], target_std)
-    return train_loss, val_loss, val_accuracy
-
-
-def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
-    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN validation
-    loss, no held-out label yet, leaves the coefficient as it is)."""
-    ratio = val_loss / train_loss.clamp(min=1e-8)
-    return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
-
-
-# Evaluation of a saved agent
-def evaluate(checkpoint_path, env_id, episodes, seed=0, env_kwargs=None):
-    """True returns (the environment's reward, with --env-kwargs) of the saved agent acting with its mean action."""
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, **(env_kwargs or {})))
-    obs_rms = RunningMeanStd()
-    obs_rms.load_state_dict(checkpoint["obs_rms"])
-    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
+def restore_checkpoint(checkpoint, agent, optimizer, obs_rms, return_rms, reward_training):
+    """The networks, optimisers and statistics of a checkpoint; returns (the first iteration to run, its step count)."""
     agent.load_state_dict(checkpoint["agent"])
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done = False
-        while not done:
-            with torch.no_grad():
-                action = agent.actor_mean(torch.as_tensor(normalize_obs(obs_rms, obs[None]))).numpy()[0]
-            obs, _, terminated, truncated, info = env.step(np.clip(action, env.action_space.low, env.action_space.high))
-            done = terminated or truncated
-        returns.append(float(info["episode"]["r"]))
-    env.close()
-    return returns
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    return_rms.load_state_dict(checkpoint["return_rms"])
+    if reward_training:
+        reward_training.load_state_dict(checkpoint)
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]
 
 
-def discounted_return_scale(return_rms, rewards, dones, running_return, gamma):
-    """CleanRL's reward scaling (gym NormalizeReward) applied to whatever reward PPO gets: divide by the std of the
-    running discounted return. Updates `running_return` (per env) in place."""
-    returns = np.zeros_like(rewards)
-    for t in range(len(rewards)):
-        running_return[:] = running_return * gamma + rewards[t]
-        returns[t] = running_return
-        running_return[dones[t]] = 0.0
-    return_rms.update(returns.reshape(-1))
-    return np.sqrt(return_rms.var + 1e-8)
-
-
-# RLHF: where the learned reward's zero sits
-def anchor_at_absorbing(rewards, absorbing_reward):
-    """Shift the normalised learned reward by one constant so that the absorbing (fallen) state earns 0, as under the
-    true reward. Bradley-Terry fixes only differences of summed rewards, so every preference the model predicts and
-    the optimal policy stay the same; PPO learns to stay up far faster this way (benchmark/README.md, Hopper).
-    Returns (shifted step rewards, the absorbing state's reward: 0)."""
-    return rewards - absorbing_reward, 0.0
-
-
-# Infrastructure: what a checkpoint needs beyond the networks for a resumed run to continue as if it had never stopped
 def environment_states(envs):
     """Each environment's episode in progress: MuJoCo's integration state (positions, velocities, solver warm start,
     ...), its random generator, the time-limit and episode-statistics counters."""
@@ -948,26 +1158,71 @@ def restore_random_states(rng, states):
     random.setstate(states["random"])
 
 
+def stop_on_signals():
+    """Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) set the returned flag: the training loop stops at
+    the end of the iteration in progress, where everything a resumed run needs is consistent. A second Ctrl-C stops at
+    once, without saving."""
+    stop_requested = threading.Event()
+
+    def request_stop(signum, frame):
+        if stop_requested.is_set():
+            raise KeyboardInterrupt
+        stop_requested.set()
+        # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
+        os.write(
+            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
+        )
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop_requested
+
+
+def save_labels(buffer, teacher, labels_path):
+    buffer.save(labels_path)
+    teacher.save()  # in step with the buffer: the answers it holds are not fetched again
+
+
+def evaluate(checkpoint_path, env_id, episodes, seed=0, env_kwargs=None):
+    """True returns (the environment's reward, with --env-kwargs) of the saved agent acting with its mean action."""
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, **(env_kwargs or {})))
+    obs_rms = RunningMeanStd()
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
+    agent.load_state_dict(checkpoint["agent"])
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            with torch.no_grad():
+                action = agent.actor_mean(torch.as_tensor(normalize_obs(obs_rms, obs[None]))).numpy()[0]
+            obs, _, terminated, truncated, info = env.step(np.clip(action, env.action_space.low, env.action_space.high))
+            done = terminated or truncated
+        returns.append(float(info["episode"]["r"]))
+    env.close()
+    return returns
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    checkpoint = None
-    if args.resume:
-        checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
-        if not os.path.isfile(checkpoint_path):
-            raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        # a resumed run keeps its own settings; only what to do with it comes from this command line
-        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
-        args = Args(**{**checkpoint["args"], **keep})
-        if args.eval_only:
-            returns = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed, json.loads(args.env_kwargs))
-            print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
-            sys.exit(0)
-        run_dir = os.path.normpath(args.resume)
-    elif args.eval_only:
-        raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
-    else:
-        run_dir = f"runs/{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
+    if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
+        command_line = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
+        args = Args(**{**checkpoint["args"], **command_line})
+    if args.eval_only:
+        if checkpoint is None:
+            raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
+        returns = evaluate(
+            f"{args.resume}/checkpoint.pt", args.env, args.eval_episodes, args.seed, json.loads(args.env_kwargs)
+        )
+        print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
+        sys.exit(0)
+    run_dir = (
+        os.path.normpath(args.resume) if args.resume else f"runs/{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    )
+    fill_runtime_fields(args)
     validate_args(args)
     rlhf = args.feedback != "true-reward"
     env_kwargs = json.loads(args.env_kwargs)
@@ -984,7 +1239,7 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.seed)  # RLHF: segments, teacher, bootstrap weights, reward-model minibatches
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # env setup
@@ -996,57 +1251,26 @@ if __name__ == "__main__":
 
     agent = Agent(obs_dim, act_dim).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    obs_rms, return_rms = RunningMeanStd((obs_dim,)), RunningMeanStd()
+    obs_rms, return_rms = RunningMeanStd((obs_dim,)), RunningMeanStd()  # PPO change (README "Changes to PPO")
 
-    # RLHF: reward ensemble, labels and teacher
-    ensemble = reward_optimizer = buffer = teacher = None
-    l2_coef = torch.full((args.ensemble_size,), 1e-4)
+    # RLHF: the label schedule, the reward ensemble and its training, the labels, the teacher
     schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
     pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
     labels_path = f"{run_dir}/labels.npz"
-    pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
+    ensemble = reward_training = buffer = teacher = None
     if rlhf:
         ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size)
-        reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+        reward_training = RewardModelTraining(ensemble, args.reward_lr)
         buffer = LabelBuffer(args.labels, args.segment_len, obs_dim, act_dim, args.ensemble_size, rng)
-    if args.feedback == "synthetic":
-        teacher = SyntheticTeacher(
-            rng,
-            args.teacher_beta,
-            args.teacher_gamma,
-            args.teacher_epsilon,
-            args.teacher_skip_threshold,
-            args.teacher_equal_margin,
-        )
-    elif args.feedback == "human":
-        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
-        teacher = HumanTeacher(
-            args.env,
-            args.label_server,
-            args.label_token,
-            experiment,
-            args.instruction,
-            args.clip_size,
-            args.clip_fps,
-            env_kwargs=env_kwargs,
-        )
-        print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
+        teacher = make_teacher(args, run_dir, rng, env_kwargs)
 
     start_iteration, global_step = 1, 0
     checkpoint_path = f"{run_dir}/checkpoint.pt"
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        obs_rms.load_state_dict(checkpoint["obs_rms"])
-        return_rms.load_state_dict(checkpoint["return_rms"])
+    if checkpoint is not None:  # Infrastructure: resume
+        start_iteration, global_step = restore_checkpoint(checkpoint, agent, optimizer, obs_rms, return_rms, reward_training)
         if rlhf:
-            ensemble.load_state_dict(checkpoint["reward_ensemble"])
-            reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
-            l2_coef = checkpoint["l2_coef"]
             buffer.load(labels_path)
-            if args.feedback == "human" and os.path.exists(pending_path):
-                teacher.load(pending_path)
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            teacher.load()
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
 
     # ALGO Logic: Storage setup
@@ -1054,86 +1278,42 @@ if __name__ == "__main__":
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim)).to(device)
     logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)  # value of the state after a time-limit cut
-    raw_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # RLHF: what the reward model sees
-    true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
+    # PPO change (README "Changes to PPO"): episode ends kept apart, and the value of the state a time limit cut at
     terminations = np.zeros((args.num_steps, args.num_envs), bool)
     truncations = np.zeros((args.num_steps, args.num_envs), bool)
-    if args.feedback == "human":  # RLHF: MuJoCo state (qpos, qvel) before each step, to render the chosen segments
-        sim_states = np.zeros(
-            (args.num_steps, args.num_envs, envs.envs[0].unwrapped.model.nq + envs.envs[0].unwrapped.model.nv)
-        )
+    bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)
     running_return = np.zeros(args.num_envs)
+    # RLHF: what segments are made of: raw observations, true rewards (for the synthetic teacher and the logs), and
+    # the simulator state before each step (to render a segment for people)
+    raw_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)
+    true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
+    sim_states = np.zeros((args.num_steps, args.num_envs) + simulator_states(envs).shape[1:])
     predicted_episode_return = np.zeros(args.num_envs)
 
-    def save_labels():
-        buffer.save(labels_path)
-        if args.feedback == "human":  # in step with the buffer: the answers it holds are not fetched again
-            teacher.save(pending_path)
-
-    def save_checkpoint():
-        """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
-        state = {
-            "args": vars(args),
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "obs_rms": obs_rms.state_dict(),
-            "return_rms": return_rms.state_dict(),
-            "reward_ensemble": ensemble.state_dict() if rlhf else None,
-            "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
-            "l2_coef": l2_coef,
-            "global_step": completed_step,
-            "iteration": completed,
-            # what makes a resumed run continue as if it had never stopped: the episodes in progress, every random
-            # stream, the running statistics and counters
-            "environments": environment_states(envs),
-            "next_obs_raw": next_obs_raw,
-            "random": random_states(rng),
-            "running_return": running_return,
-            "fits": fits,
-            "reward_model_figures": (train_loss, val_loss, val_accuracy),
-        }
-        torch.save(state, checkpoint_path + ".tmp")
-        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
-
-    if args.feedback == "human":
-        teacher.start()
-
     # TRY NOT TO MODIFY: start the game
+    if rlhf:
+        teacher.start()
     start_time, start_step, last_label_save = time.time(), global_step, time.time()
     next_obs_raw, _ = envs.reset(seed=args.seed)
-    fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
-    train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
-    val_accuracy = math.nan
     if checkpoint is not None and "environments" in checkpoint:  # Infrastructure: resume where the run stopped
         restore_environment_states(envs, checkpoint["environments"])
         restore_random_states(rng, checkpoint["random"])
         next_obs_raw, running_return[:] = checkpoint["next_obs_raw"], checkpoint["running_return"]
-        fits, (train_loss, val_loss, val_accuracy) = checkpoint["fits"], checkpoint["reward_model_figures"]
     else:
         obs_rms.update(next_obs_raw)
     next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
     recent_returns, recent_predicted = [], []
-    # the last iteration whose update finished, and its step count: what a checkpoint resumes after
+    # Infrastructure: the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
-    # Infrastructure: Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) stop the run at the end of the
-    # iteration in progress, where everything a resumed run needs is consistent; a second Ctrl-C stops at once
-    stop = threading.Event()
+    stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
+    error = None
 
-    def request_stop(signum, frame):
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
-        os.write(
-            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
-        )
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    def checkpoint_now():  # Infrastructure
+        progress = (completed, completed_step, next_obs_raw, running_return)
+        save_checkpoint(checkpoint_path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
-        if stop.is_set():
+        if stop_requested.is_set():
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         if args.anneal_lr:
@@ -1143,10 +1323,7 @@ if __name__ == "__main__":
         for step in range(0, args.num_steps):
             global_step += args.num_envs
             obs[step] = next_obs
-            raw_obs[step] = next_obs_raw
-            if args.feedback == "human":
-                for i, env in enumerate(envs.envs):
-                    sim_states[step, i] = np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel])
+            raw_obs[step], sim_states[step] = next_obs_raw, simulator_states(envs)  # RLHF
 
             # ALGO LOGIC: action logic
             with torch.no_grad():
@@ -1158,87 +1335,36 @@ if __name__ == "__main__":
             # TRY NOT TO MODIFY: execute the game and log data.
             next_obs_raw, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
             true_rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
-            bootstrap[step] = 0.0
-            if "final_obs" in infos:
-                cut = infos["_final_obs"] & truncated & ~terminated
-                if cut.any():  # time limit: bootstrap from the value of the state the episode was cut at
-                    final = normalize_obs(obs_rms, np.stack(infos["final_obs"][cut]))
-                    with torch.no_grad():
-                        bootstrap[step][cut] = agent.get_value(torch.as_tensor(final).to(device)).flatten().cpu().numpy()
-                episodes = infos["final_info"].get("episode")
-                if episodes is not None:
-                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
-                        recent_returns.append(float(episodes["r"][i]))
-                        writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
-                        writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
-            obs_rms.update(next_obs_raw)
+            bootstrap[step] = truncation_values(agent, obs_rms, infos, terminated, truncated, device)  # PPO change
+            if "final_info" in infos and "episode" in infos["final_info"]:
+                for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                    recent_returns.append(float(infos["final_info"]["episode"]["r"][i]))
+                    writer.add_scalar("charts/episodic_return", infos["final_info"]["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", infos["final_info"]["episode"]["l"][i], global_step)
+            obs_rms.update(next_obs_raw)  # PPO change (README "Changes to PPO"): the script's own normalisation
             next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
 
         # the actions the environment executed (ClipAction): what the teacher and the reward model judge
         rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
         if rlhf:
-            # RLHF: query the labels the schedule asks for so far (C17 A.1), less those held or on their way: a resumed run
-            # asks nothing twice, and pairs the teacher skipped are replaced by new ones
-            to_ask = int(schedule[:iteration].sum()) - buffer.size - teacher.pending
-            if to_ask > 0:
-                rollout = {
-                    "obs": raw_obs,
-                    "act": rollout_actions,
-                    "true_reward": true_rewards,
-                    "terminated": terminations,
-                    "truncated": truncations,
-                }
-                if args.feedback == "human":
-                    rollout["sim_state"] = sim_states
-                # C17 2.2.4 selection; before RL the members are untrained and their disagreement is noise: random pairs
-                selection = "random" if pretraining else args.selection
-                left, right = select_pairs(
-                    rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection
-                )
-                teacher.ask(left, right)
-            if iteration == args.pretrain_iterations and args.feedback == "human":
-                teacher.wait_for_all(stop)  # people label asynchronously, but RL cannot start without these
-                if stop.is_set():
+            # RLHF: ask for the labels the schedule has due (C17 A.1). Pairs where the members disagree most (C17 2.2.4);
+            # before RL the members are untrained and their disagreement is noise: random pairs
+            rollout = {"obs": raw_obs, "act": rollout_actions, "true_reward": true_rewards, "sim_state": sim_states}
+            rollout |= {"terminated": terminations, "truncated": truncations}
+            selection = "random" if pretraining else args.selection
+            query_labels(rng, ensemble, teacher, buffer, rollout, int(schedule[:iteration].sum()), selection, args)
+            if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
+                if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
                     break
-            for left, right, mu in teacher.poll():
-                buffer.add(left, right, mu)
-            if iteration == args.pretrain_iterations and buffer.size == 0:
-                save_labels()
-                if args.save_model:
-                    save_checkpoint()
-                raise SystemExit(
-                    f"error: no pretraining label: the teacher skipped or could not tell apart all {pretrain_labels} "
-                    "pairs of the initial policy, and RL needs a reward model to start (lower --teacher-skip-threshold, "
-                    "or answer some pairs; --resume asks again)"
-                )
-            if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
-                rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
-            else:  # then it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
-                rounds, steps_per_round = (0 if pretraining else 1), args.reward_updates
-            for fit_round in range(1, rounds + 1):
-                train_reward_model(
-                    ensemble,
-                    reward_optimizer,
-                    buffer,
-                    l2_coef,
-                    steps_per_round,
-                    args.reward_batch_size,
-                    args.label_noise,
-                    rng,
-                )
-                fits += 1
-                if fits % args.reward_eval_every == 0 or (iteration == args.pretrain_iterations and fit_round == rounds):
-                    train_loss, val_loss, val_accuracy = evaluate_reward_model(
-                        ensemble, buffer, args.label_noise, args.reward_std
-                    )
-                    l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-            if iteration == args.pretrain_iterations:
-                print(
-                    f"reward model pretrained on {buffer.size} labels: val accuracy {val_accuracy:.2f}, "
-                    f"train loss {train_loss.mean():.3f}, val loss {val_loss.nanmean():.3f}"
-                )
-            if time.time() - last_label_save > 30 or iteration == args.num_iterations:
-                save_labels()
+                store_answers(teacher, buffer)
+                if buffer.size == 0:  # the teacher skipped every pair, or people answered all "can't tell"
+                    error = f"error: no pretraining label from {pretrain_labels} pairs of the initial policy. {NO_LABEL_HINT}"
+                    break
+                pretrain_reward_model(reward_training, buffer, args, rng)
+            elif not pretraining:  # then it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
+                reward_training.train(buffer, 1, args.reward_updates, args, rng)
+            if time.time() - last_label_save > 30 or iteration == args.num_iterations:  # Infrastructure
+                save_labels(buffer, teacher, labels_path)
                 last_label_save = time.time()
 
         if pretraining:
@@ -1247,23 +1373,20 @@ if __name__ == "__main__":
             completed, completed_step = iteration, global_step
             continue
 
-        # RLHF: the reward PPO optimises, for the whole rollout in one batched call
         dones = terminations | truncations
-        if rlhf:
+        if rlhf:  # RLHF: the reward PPO optimises, for the whole rollout in one batched call
             rewards_np = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(rollout_actions)).numpy()
             absorbing_reward = ensemble.normalized_absorbing_reward()
-            for t in range(args.num_steps):  # predicted return of whole episodes, next to the true one
-                predicted_episode_return += rewards_np[t]
-                for i in np.flatnonzero(dones[t]):
-                    recent_predicted.append(predicted_episode_return[i])
-                    writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
-                predicted_episode_return[dones[t]] = 0.0
+            for predicted_return in finish_episode_returns(rewards_np, dones, predicted_episode_return):
+                recent_predicted.append(predicted_return)  # whole episodes under the learned reward, next to the true one
+                writer.add_scalar("charts/predicted_return", predicted_return, global_step)
             if args.anchor_absorbing:  # the fallen state earns 0: return scaling and the critic see what the baseline sees
                 rewards_np, absorbing_reward = anchor_at_absorbing(rewards_np, absorbing_reward)
         else:
             rewards_np, absorbing_reward = true_rewards.copy(), 0.0  # the true reward after a fall is 0 forever
-        reward_scale = discounted_return_scale(return_rms, rewards_np, dones, running_return, args.gamma)
-        # a termination enters the absorbing state: its value is its reward summed over an unbounded future
+        # PPO change (README "Changes to PPO"): return scaling of the reward PPO gets; a termination enters the
+        # absorbing state, whose value is its reward over an unbounded future; a time-limit cut bootstraps
+        reward_scale = update_return_scale(return_rms, rewards_np, dones, running_return, args.gamma)
         absorbing_value = absorbing_reward / reward_scale / (1 - args.gamma)
         ppo_rewards = np.clip(rewards_np / reward_scale, -10, 10) + args.gamma * (
             bootstrap * truncations + absorbing_value * terminations
@@ -1363,41 +1486,31 @@ if __name__ == "__main__":
         line = f"step {global_step}, SPS {sps}"
         if recent_returns:
             line += f", true return {np.mean(recent_returns[-10:]):.1f}"
-        if rlhf:
-            # RLHF: how well the learned reward tracks the true one
-            constant = rewards_np.std() == 0 or true_rewards.std() == 0  # e.g. InvertedPendulum: true reward is 1
-            correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-            writer.add_scalar("reward_model/loss", train_loss.mean().item(), global_step)
-            writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
-            writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
-            writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
-            writer.add_scalar("reward_model/true_correlation", correlation, global_step)
-            # the learned reward of a fall on C17's zero-mean scale (before --anchor-absorbing shifts it to 0)
-            writer.add_scalar("reward_model/absorbing_reward", ensemble.normalized_absorbing_reward(), global_step)
-            writer.add_scalar("labels/total", buffer.size, global_step)
-            writer.add_scalar("labels/pending", teacher.pending, global_step)
+        if rlhf:  # RLHF: the reward model's figures, and how well the learned reward tracks the true one
             if recent_predicted:
                 line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
-            line += f", labels {buffer.size}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
+            line += log_reward_model(
+                writer, global_step, reward_training, buffer, teacher, rewards_np, true_rewards, args.labels
+            )
         print(line)
         recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
 
-        completed, completed_step = iteration, global_step
+        completed, completed_step = iteration, global_step  # Infrastructure
         if args.save_model and iteration % args.checkpoint_every == 0:
-            save_checkpoint()
+            checkpoint_now()
 
-    # Infrastructure: the run ended or was stopped at the end of an iteration: nothing is lost (labels always, the
-    # checkpoint with --save-model; continue with --resume)
-    if stop.is_set():
+    # Infrastructure: the run ended, was stopped at the end of an iteration, or cannot go on: nothing is lost (labels
+    # always, the checkpoint with --save-model; continue with --resume)
+    if stop_requested.is_set():
         print(f"interrupted at step {global_step}")
     if rlhf:
-        save_labels()
+        save_labels(buffer, teacher, labels_path)
         print(f"{buffer.size} labels saved to {labels_path}")
-        if args.feedback == "human":
-            teacher.close()
-            print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
+        teacher.close()
     if args.save_model:
-        save_checkpoint()
+        checkpoint_now()
         print(f"checkpoint saved to {checkpoint_path}")
     envs.close()
     writer.close()
+    if error:
+        raise SystemExit(error)

@@ -81,14 +81,17 @@ def test_unanswered_pairs_are_saved_and_asked_again(tmp_path):
             "sim_state": rng.normal(size=(n, 12)),
         }
 
-    teacher = rl.HumanTeacher("Hopper-v4", "http://127.0.0.1:9", None, "exp", "Which?")
+    run_dir = tmp_path / "exp"
+    run_dir.mkdir()
+    teacher = rl.HumanTeacher(str(run_dir), "Hopper-v4", "http://127.0.0.1:9", None, "Which?")
     left, right = segments(3), segments(3)
     teacher.ask(left, right)
     assert teacher.pending == 3
-    teacher.save(str(tmp_path / "pending.npz"))
+    teacher.save()
+    assert (run_dir / "pending_pairs.npz").exists()
 
-    resumed = rl.HumanTeacher("Hopper-v4", "http://127.0.0.1:9", None, "exp", "Which?")
-    resumed.load(str(tmp_path / "pending.npz"))
+    resumed = rl.HumanTeacher(str(run_dir), "Hopper-v4", "http://127.0.0.1:9", None, "Which?")
+    resumed.load()
     assert resumed.pending == 3 and resumed.queued == ["exp-000000", "exp-000001", "exp-000002"]
     for i, pair_id in enumerate(resumed.queued):  # the same segments, ready to be rendered and posted again
         for key in left:

@@ -112,7 +112,7 @@ def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
     assert len(final["mu"]) == 100  # the whole budget, nothing dropped
     np.testing.assert_array_equal(final["obs"][: held + 7], ahead["obs"])  # the labels held are kept as they were
     run_args = rl.Args(**checkpoint["args"])
-    rl.validate_args(run_args)
+    rl.fill_runtime_fields(run_args)
     scheduled_so_far = np.cumsum(rl.label_schedule(run_args))
     after_resume = [(s, v) for s, v in scalars(run_dir)["labels/total"] if s > checkpoint["global_step"]]
     assert after_resume
