@@ -36,9 +36,9 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=False`"""
     cuda: bool = False
-    """if toggled, cuda will be used when available (the networks are tiny: the CPU is usually faster)"""
+    """if toggled, cuda will be used when available"""
     threads: int = 1
-    """torch CPU threads (1 lets several runs share a machine without slowing each other)"""
+    """torch CPU threads (1 lets several runs share a machine)"""
     capture_video: bool = False
     """whether to capture videos of the agent performances (check out `videos` folder)"""
     save_model: bool = False
@@ -98,21 +98,23 @@ class Args:
     environment's reward (baseline)"""
     offline: bool = False
     """the blog's offline variant: label random-policy segment pairs into an SQLite database, fit the reward model
-    once, then run RL on the frozen model (C17 3.3 found offline fitting can be exploited); synthetic teacher only"""
+    once, then run RL on the frozen model (C17 3.3: an offline reward can be exploited); synthetic teacher only"""
     preference_db: Optional[str] = None
     """with --offline: the SQLite preference database (default `runs/{run_name}/preferences.sqlite`); pairs already in
     it are reused and only the missing ones are labelled"""
     labels: int = 500
-    """total number of preference labels to query over the run (a pair the teacher skips is no label: another is asked in its place)"""
+    """total number of preference labels to query over the run (a pair the teacher skips is no label: another is
+    asked in its place)"""
     segment_len: int = 10
     """steps per segment (the blog: 1, C17: 15-60): short segments say more about each step, and 10 steps still
-    show people a movement (a 1.7 s clip at --clip-fps 6)"""
+    show people a movement"""
     pretrain_fraction: float = 0.25
     """share of the labels queried from the initial policy before RL starts (C17 A.1: 25%; at least 1 label)"""
     pretrain_steps: int = 8192
     """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
     pretrain_epochs: int = 200
-    """epochs of reward-model training (C17 A.2: 200) on the pretraining labels (or the offline database) before RL starts"""
+    """epochs of reward-model training on the pretraining labels (or the offline database) before RL starts (C17
+    A.2: 200)"""
     schedule_horizon: float = 2e5
     """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6 for runs of
     millions of steps; scaled down to this problem's runs)"""
@@ -130,8 +132,8 @@ class Args:
     reward_updates: int = 10
     """reward-model gradient steps per PPO iteration (the model keeps training as labels arrive, C17 2.2)"""
     reward_eval_every: int = 10
-    """reward-model training rounds (one per iteration; one per epoch in pretraining) between validation passes
-    (losses, accuracy, L2 adaptation, reward normalisation)"""
+    """reward-model training rounds (one per iteration; one per epoch in pretraining) between validations (losses,
+    accuracy, then the reward normalisation refitted and the L2 coefficients adapted)"""
     reward_std: float = 1.0
     """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1)"""
     label_noise: float = 0.1
@@ -243,20 +245,27 @@ if "MovingDot-v0" not in gym.registry:
     gym.register("MovingDot-v0", entry_point=MovingDotEnv, max_episode_steps=2000)
 
 
-def validate_args(args: Args) -> None:
-    """Reject impossible settings with a message (no traceback) before anything is created."""
-    if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1 or args.episode_steps < 1:
-        raise SystemExit("error: --num-envs, --num-steps, --total-timesteps and --episode-steps must be positive")
+def fill_runtime_fields(args: Args) -> None:
+    """Compute the fields Args leaves to run time (batch sizes, iteration counts) from the settings; impossible
+    settings are left for validate_args to report."""
     args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    rlhf = args.feedback != "true-reward"
+    args.pretrain_iterations = math.ceil(args.pretrain_steps / max(args.batch_size, 1)) if rlhf else 0
+
+
+def validate_args(args: Args) -> None:
+    """Reject impossible settings with a message (no traceback) before anything is created; changes nothing."""
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.total_timesteps, args.episode_steps) < 1:
+        raise SystemExit(
+            "error: --num-envs, --num-steps, --num-minibatches, --total-timesteps and --episode-steps must be positive"
+        )
     if args.batch_size % args.num_minibatches:
         raise SystemExit(
             f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "
             f"must divide into --num-minibatches {args.num_minibatches}"
         )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    rlhf = args.feedback != "true-reward"
-    args.pretrain_iterations = math.ceil(args.pretrain_steps / args.batch_size) if rlhf else 0
-    args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations <= args.pretrain_iterations:
         raise SystemExit(
             f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations} "
@@ -267,7 +276,7 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --offline labels its database with the synthetic teacher; use it with --feedback synthetic")
     if args.preference_db and not args.offline:
         raise SystemExit("error: --preference-db is the database of --offline; add --offline")
-    if not rlhf:
+    if args.feedback == "true-reward":
         return
     if args.feedback == "human":
         if not args.label_server.startswith(("http://", "https://")):
@@ -286,13 +295,13 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    # each queried pair needs two segments of its own from one rollout (offline: from one random-policy rollout)
-    per_iteration = np.array([args.labels]) if args.offline else label_schedule(args)
+    # each queried pair needs two segments of its own from one rollout (offline pairs may repeat: they are random)
+    most_in_one_rollout = label_schedule(args).max()
     capacity = args.num_envs * (args.num_steps - args.segment_len + 1) // 2
-    if not args.offline and per_iteration.max() > capacity:
+    if not args.offline and most_in_one_rollout > capacity:
         raise SystemExit(
             f"error: --labels {args.labels} is too large for this run: one rollout holds at most {capacity} pairs of "
-            f"{args.segment_len}-step segments, and the schedule asks for {per_iteration.max()} in one rollout. "
+            f"{args.segment_len}-step segments, and the schedule asks for {most_in_one_rollout} in one rollout. "
             "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer rollout."
         )
 
@@ -302,31 +311,17 @@ def label_schedule(args: Args) -> np.ndarray:
     """Labels to query after each iteration's rollout: `pretrain_fraction` of the budget (at least 1: the reward model
     is fitted on them before RL starts) spread over the initial policy's rollouts, the rest at a rate proportional to
     horizon / (T + horizon), T = steps so far. Sums exactly to args.labels, whatever --total-timesteps is. The
-    offline variant asks nothing during the run."""
+    offline variant (the blog's) asks every label from the initial policy, before RL."""
     per_iteration = np.zeros(args.num_iterations, dtype=np.int64)
+    pretrain = args.labels if args.offline else min(args.labels, max(1, round(args.labels * args.pretrain_fraction)))
+    per_iteration[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, pretrain, args.pretrain_iterations + 1)))
     if args.offline:
         return per_iteration
-    pretrain = min(args.labels, max(1, round(args.labels * args.pretrain_fraction)))
-    per_iteration[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, pretrain, args.pretrain_iterations + 1)))
     steps_so_far = np.arange(args.pretrain_iterations + 1, args.num_iterations + 1) * args.batch_size
     rate = args.schedule_horizon / (steps_so_far + args.schedule_horizon)
     cumulative = np.round((args.labels - pretrain) * np.cumsum(rate) / rate.sum())
     per_iteration[args.pretrain_iterations :] = np.diff(cumulative, prepend=0)
     return per_iteration
-
-
-def no_pretraining_label_error(args: Args, run_dir: str) -> str:
-    """The message of a run whose pretraining pairs all went unanswered: RL would start without a reward to learn."""
-    if args.feedback == "human":
-        why = "people answered 'can't tell' to every pair"
-        fix = (
-            f"--resume {run_dir} asks for them again; a clearer --instruction or a longer --segment-len in a new run "
-            "may make the clips easier to compare"
-        )
-    else:
-        why = f"the synthetic teacher skipped every pair (both returns below --teacher-skip-threshold {args.teacher_skip_threshold})"
-        fix = "start a new run with a lower --teacher-skip-threshold"
-    return f"error: pretraining ended with no preference label, so there is no reward to learn: {why}. {fix}"
 
 
 class RecordEpisodeVideo(gym.Wrapper):
@@ -423,6 +418,20 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
+# PPO change (README "The moving dot"): the time limit cuts an episode that could go on, so its last step is bootstrapped
+def truncation_values(agent, infos, truncated, device):
+    """The critic's value of the state each environment's episode was cut at by the time limit in this step (0 where
+    none was; the vector env resets in the same step and keeps the cut state in infos["final_obs"])."""
+    values = np.zeros(len(truncated), np.float32)
+    if "final_obs" in infos:
+        cut = infos["_final_obs"] & truncated
+        if cut.any():
+            final = torch.as_tensor(np.stack(infos["final_obs"][cut])).to(device)
+            with torch.no_grad():
+                values[cut] = agent.get_value(final).flatten().cpu().numpy()
+    return values
+
+
 # RLHF: the reward model (C17 2.2.3, A.1 for positions, A.2 for frames)
 class RewardNet(nn.Module):
     """r(observation, action) with leaky ReLU: for positions an MLP 2 x 64 over (position, one-hot action) (C17 A.1);
@@ -499,6 +508,11 @@ def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
 
 # RLHF: segments and pair selection (C17 2.2.4). A segment is its dot positions, actions and true rewards; the
 # observations the reward model sees are made from the positions (observe), so labels stay small in pixel mode too.
+SEGMENT_KEYS = ("position", "act", "true_reward")
+SEGMENT_DTYPES = {"position": np.int16, "act": np.int64, "true_reward": np.float32}
+SEGMENT_SHAPES = {"position": (2,), "act": (), "true_reward": ()}  # per step
+
+
 def segment_returns(ensemble, segments, observation):
     """Each member's undiscounted predicted return of each segment: (size, ...)."""
     obs = torch.as_tensor(observe(segments["position"], observation))
@@ -535,10 +549,10 @@ def select_pairs(rng, ensemble, observation, rollout, segment_len, num_pairs, mu
     right = sample_segments(rng, rollout, segment_len, num_candidates)
     if selection == "variance":
         scores = disagreement(ensemble, observation, left, right)
-        keep = np.argsort(-scores, kind="stable")[:num_pairs]
+        chosen = np.argsort(-scores, kind="stable")[:num_pairs]
     else:
-        keep = np.arange(num_pairs)
-    return index_segments(left, keep), index_segments(right, keep)
+        chosen = np.arange(num_pairs)
+    return index_segments(left, chosen), index_segments(right, chosen)
 
 
 @torch.no_grad()
@@ -554,22 +568,35 @@ def stack_segments(segments):
     return {k: np.stack([s[k] for s in segments]) for k in segments[0]}
 
 
-# RLHF: the synthetic teacher
+# RLHF: the synthetic teacher, and the interface every teacher has
 class SyntheticTeacher:
     """Prefers the segment with more true reward, i.e. the one that brought the dot closer to the centre (the blog's
     heuristic; equal movement is a tie), optionally with the noise of B-Pref's simulated teachers (Lee et al. 2021).
-    Teachers share one interface: ask(left, right) queues pairs; poll() returns the answered ones as (left, right, mu),
-    mu = 1 left better, 0 right better, 0.5 equal (exact ties, or returns within --teacher-equal-margin). Pairs the
-    teacher skips (--teacher-skip-threshold) are dropped: they do not count in the budget, and new pairs are asked in their place."""
+
+    Every teacher has this interface (the methods to write for a new one, e.g. a scripted function of two segments;
+    the training loop never asks which teacher it has, make_teacher builds it):
+        start() -> teacher       begin answering (a synthetic teacher needs nothing)
+        ask(left, right)         queue pairs: two dicts of segments (SEGMENT_KEYS, a leading pair axis)
+        poll()                   the pairs answered since the last poll, as [(left, right, mu), ...]: mu = 1 left
+                                 better, 0 right better, 0.5 equal; a pair the teacher skips is never handed over (it
+                                 is no label: the schedule asks a new one in its place)
+        pending                  pairs asked and not yet handed over by poll() (they count as on their way)
+        wait_for_answers(stop)   block until every asked pair is answered (True) or the threading.Event `stop` is set
+                                 (False); a synthetic teacher answers when asked
+        save(), load()           keep the unanswered pairs of a stopped run for --resume (nothing to keep here)
+        close()                  stop answering
+    """
+
+    pending = 0  # it answers when asked: nothing is ever on its way
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
         self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
         self.answered = []
-        self.pending = 0  # pairs asked but not yet answered (always 0 for a synthetic teacher)
 
     def preferences(self, true_left, true_right):
-        """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
+        """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips (both returns below
+        --teacher-skip-threshold); 0.5 for returns within --teacher-equal-margin."""
         segment_len = true_left.shape[1]
         weights = self.gamma ** np.arange(segment_len - 1, -1, -1)  # myopic: recent steps weigh more
         return_left, return_right = true_left @ weights, true_right @ weights
@@ -584,201 +611,29 @@ class SyntheticTeacher:
         mu = np.where(np.abs(diff) <= self.equal_margin, 0.5, mu)
         return np.where(np.maximum(return_left, return_right) < self.skip_threshold, np.nan, mu)
 
+    def start(self):
+        return self
+
     def ask(self, left, right):
         mu = self.preferences(left["true_reward"], right["true_reward"])
-        keep = ~np.isnan(mu)
-        self.answered.append((index_segments(left, keep), index_segments(right, keep), mu[keep]))
+        answered = ~np.isnan(mu)
+        self.answered.append((index_segments(left, answered), index_segments(right, answered), mu[answered]))
 
     def poll(self):
         answered, self.answered = self.answered, []
         return answered
 
+    def wait_for_answers(self, stop):
+        return True
 
-# RLHF: the human teacher, through label_server.py (C17 appendix B)
-MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
-SEGMENT_KEYS = ("position", "act", "true_reward")
-SEGMENT_DTYPES = {"position": np.int16, "act": np.int64, "true_reward": np.float32}
-SEGMENT_SHAPES = {"position": (2,), "act": (), "true_reward": ()}  # per step
+    def save(self):
+        pass
 
-
-class HumanTeacher:
-    """People answer in a browser, through label_server.py. Same interface as SyntheticTeacher. ask() only queues;
-    a background thread draws each pair's clips from the segments' dot positions, uploads them, posts the pair and
-    polls for answers, retrying with backoff while the server is down, so training goes on while people label (C17
-    2.2: asynchronous). Pairs not yet answered are saved with the run (save/load) and asked again when it resumes."""
-
-    def __init__(self, server, token, experiment, instruction, clip_fps=6, poll_interval=2.0):
-        self.server, self.token, self.experiment = server.rstrip("/"), token, experiment
-        self.instruction, self.clip_fps, self.poll_interval = instruction, clip_fps, poll_interval
-        self.lock = threading.Lock()
-        self.queued = []  # pair ids still to draw, upload and post
-        self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
-        self.answered = []  # (pair id, mu, seq) received, not yet handed over by poll()
-        self.next_index = 0  # pair ids are {experiment}-{index}
-        self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
-        self.received_seq = 0  # label sequence number up to which the thread has fetched answers
-        self.failure = None  # an error the thread cannot retry
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._work, daemon=True)
-
-    @property
-    def pending(self):
-        """Pairs asked and not yet handed over by poll(), answered or not: the label budget counts them as on their
-        way (an answer the thread has fetched but poll() has not returned is neither in the buffer nor unanswered)."""
-        with self.lock:
-            return len(self.waiting)
-
-    @property
-    def unanswered(self):
-        """Pairs asked that nobody has answered yet."""
-        with self.lock:
-            return len(self.waiting) - len(self.answered)
-
-    def ask(self, left, right):
-        with self.lock:
-            for i in range(len(left["act"])):
-                pair_id = f"{self.experiment}-{self.next_index:06d}"
-                self.next_index += 1
-                self.waiting[pair_id] = (index_segments(left, i), index_segments(right, i))
-                self.queued.append(pair_id)
-
-    def poll(self):
-        if self.failure is not None:
-            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
-        with self.lock:
-            answered, self.answered = self.answered, []
-            batches = []
-            for pair_id, mu, seq in answered:
-                left, right = self.waiting.pop(pair_id)
-                self.consumed_seq = max(self.consumed_seq, seq)
-                if mu is not None:
-                    batches.append((left, right, mu))
-        if not batches:
-            return []
-        lefts, rights, mus = zip(*batches)
-        return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
-
-    def wait_for_all(self, stop, progress_every=10.0):
-        """Block until every asked pair is answered (the pretraining labels RL cannot start without), or `stop` is set."""
-        last = 0.0
-        while self.unanswered and self.failure is None and not stop.is_set():
-            if time.time() - last > progress_every:
-                print(
-                    f"waiting for {self.unanswered} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
-                )
-                last = time.time()
-            time.sleep(0.5)
-
-    # --- the background thread ---
-    def _request(self, method, path, body=None, content_type="application/json"):
-        """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (poll() then stops the run)."""
-        delay, warned = 1.0, False
-        while not self.stop.is_set():
-            request = urllib.request.Request(self.server + path, data=body, method=method)
-            request.add_header("Content-Type", content_type)
-            if self.token:
-                request.add_header("Authorization", f"Bearer {self.token}")
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    if warned:
-                        print(f"label server at {self.server} is back")
-                    return json.loads(response.read() or b"null")
-            except urllib.error.HTTPError as error:
-                if error.code < 500:  # the request itself is wrong: retrying cannot help
-                    hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
-                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
-                reason = f"HTTP {error.code}"
-            except (urllib.error.URLError, OSError) as error:
-                reason = str(getattr(error, "reason", error))
-            print(f"label server at {self.server} unreachable ({reason}); retrying in {delay:.0f} s")
-            warned = True
-            self.stop.wait(delay)
-            delay = min(delay * 2, 60.0)
-        return None
-
-    def _encode(self, segment):
-        """WebM/VP9 bytes of the segment's frames (plays in Chromium and Firefox)."""
-        frames = [render_frame(position) for position in segment["position"]]
-        with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "clip.webm")
-            speed = ["-deadline", "realtime", "-cpu-used", "8", "-b:v", "0", "-crf", "32"]
-            imageio.v2.mimwrite(path, frames, fps=self.clip_fps, codec="libvpx-vp9", macro_block_size=1, output_params=speed)
-            with open(path, "rb") as clip:
-                return clip.read()
-
-    def _work(self):
-        try:
-            last_poll = 0.0
-            while not self.stop.is_set():
-                with self.lock:
-                    pair_id = self.queued[0] if self.queued else None
-                    segments = self.waiting.get(pair_id)
-                if pair_id is not None:
-                    left, right = segments
-                    for side, segment in (("left", left), ("right", right)):
-                        self._request("PUT", f"/api/clips/{pair_id}-{side}", self._encode(segment), "video/webm")
-                    pair = {
-                        "experiment": self.experiment,
-                        "pair_id": pair_id,
-                        "left_clip": f"{pair_id}-left",
-                        "right_clip": f"{pair_id}-right",
-                        "instruction": self.instruction,
-                        "metadata": {  # what the teacher did not see, for later analysis of human labels
-                            "left_true_return": float(left["true_reward"].sum()),
-                            "right_true_return": float(right["true_reward"].sum()),
-                        },
-                    }
-                    if self._request("POST", "/api/pairs", json.dumps(pair).encode()) is not None:
-                        with self.lock:
-                            self.queued.remove(pair_id)
-                if pair_id is None or time.time() - last_poll > self.poll_interval:
-                    self._fetch_labels()
-                    last_poll = time.time()
-                if pair_id is None:
-                    self.stop.wait(self.poll_interval)
-        except Exception as error:  # reported to the training loop by poll()
-            self.failure = f"{type(error).__name__}: {error}"
-
-    def _fetch_labels(self):
-        reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
-        if reply is None:
-            return
-        with self.lock:
-            for label in reply["labels"]:
-                if label["pair_id"] in self.waiting:  # an answer to a pair of this run that is not in the buffer yet
-                    self.answered.append((label["pair_id"], MU_OF_CHOICE.get(label["choice"]), label["seq"]))
-                self.received_seq = max(self.received_seq, label["seq"])
-
-    def start(self):
-        self.thread.start()
-        return self
+    def load(self):
+        pass
 
     def close(self):
-        self.stop.set()
-        self.thread.join(timeout=60)
-
-    # --- persistence: asked but unanswered pairs survive a stopped run ---
-    def save(self, path):
-        with self.lock:
-            ids = list(self.waiting)
-            state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
-            for side, which in (("left", 0), ("right", 1)):
-                for key in SEGMENT_KEYS:
-                    values = [self.waiting[i][which][key] for i in ids]
-                    state[f"{side}_{key}"] = np.stack(values) if values else np.zeros(0, np.float32)
-        np.savez_compressed(path + ".tmp.npz", **state)
-        os.replace(path + ".tmp.npz", path)
-
-    def load(self, path):
-        """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless)."""
-        with np.load(path) as state:
-            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
-            self.received_seq = self.consumed_seq
-            for n, pair_id in enumerate(state["pair_ids"]):
-                left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
-                self.waiting[str(pair_id)] = (left, right)
-                self.queued.append(str(pair_id))
+        pass
 
 
 # RLHF: the labels, with each member's bootstrap weights and validation split (C17 2.2.3)
@@ -886,6 +741,7 @@ class PreferenceDatabase:
         self.connection.close()
 
 
+# RLHF: training the reward model (C17 2.2.3)
 @torch.no_grad()
 def label_step_rewards(ensemble, labels, observation, chunk=256):
     """Raw step rewards of each member for every step of the labelled segments: (size, n, 2, L), in chunks of labels
@@ -894,10 +750,10 @@ def label_step_rewards(ensemble, labels, observation, chunk=256):
     for start in range(0, len(labels["mu"]), chunk):
         obs = torch.as_tensor(observe(labels["position"][start : start + chunk], observation))
         parts.append(ensemble(obs, torch.as_tensor(labels["act"][start : start + chunk])))
-    return torch.cat(parts, 1)
+    return torch.cat(parts, 1) if parts else torch.zeros((ensemble.size,) + labels["act"].shape)
 
 
-def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
+def reward_gradient_steps(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
     """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
     if buffer.size == 0:
         return
@@ -913,15 +769,10 @@ def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps,
         optimizer.step()
 
 
-@torch.no_grad()
-def evaluate_reward_model(ensemble, buffer, observation, label_noise, target_std):
-    """Each member's training loss (the bootstrap-weighted loss it is trained on) and validation loss (on the labels
-    its resample left out), and the share of held-out strict preferences each member orders correctly (averaged over
-    members). Also refits the reward normalisation on the judged steps."""
-    if buffer.size == 0:  # nothing to evaluate, nor to fit the normalisation on
-        return torch.full((ensemble.size,), math.nan), torch.full((ensemble.size,), math.nan), math.nan
-    labels = buffer.get()
-    step_rewards = label_step_rewards(ensemble, labels, observation)  # (members, labels, 2, L)
+def validate_reward_model(step_rewards, labels, label_noise):
+    """From the members' step rewards of the labelled segments (label_step_rewards): each member's training loss (the
+    bootstrap-weighted loss it is trained on) and validation loss (on the labels its resample left out), and the share
+    of held-out strict preferences each member orders correctly (averaged over members). Changes nothing."""
     returns = step_rewards.sum(-1)
     mu = torch.as_tensor(labels["mu"])
     losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
@@ -932,7 +783,6 @@ def evaluate_reward_model(ensemble, buffer, observation, label_noise, target_std
     correct = ((returns[..., 0] > returns[..., 1]).float() == mu).float()
     judged = is_val * (mu != 0.5).float()  # "equal" answers have no right order
     val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
-    ensemble.fit_normalization(step_rewards.reshape(ensemble.size, -1), target_std)
     return train_loss, val_loss, val_accuracy
 
 
@@ -943,7 +793,370 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
 
 
-# Resuming: what a checkpoint holds besides the networks, so that a resumed run goes on as if it had never stopped
+class RewardTrainer:
+    """Trains the reward ensemble on the label buffer, and carries what its training needs from one call to the next:
+    the Adam optimiser, each member's L2 coefficient (C17 2.2.3), the training rounds so far and the latest validation
+    figures (train_loss, val_loss per member; val_accuracy)."""
+
+    def __init__(self, ensemble, args):
+        self.ensemble, self.args = ensemble, args
+        self.optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+        self.l2_coef = torch.full((ensemble.size,), 1e-4)
+        self.training_rounds = 0  # every --reward-eval-every-th round of the run is followed by a validation
+        self.train_loss = self.val_loss = torch.full((ensemble.size,), math.nan)
+        self.val_accuracy = math.nan
+
+    def train(self, buffer, rounds, steps_per_round, rng, validate_last=False):
+        """`rounds` rounds of `steps_per_round` Adam steps. After every --reward-eval-every-th round of the run (and
+        after the last of these with `validate_last`): validate, refit the normalisation of the reward PPO gets on
+        the labelled steps (C17 2.2.1), and adapt each member's L2 coefficient to its validation loss."""
+        args = self.args
+        for round_of_call in range(1, rounds + 1):
+            reward_gradient_steps(
+                self.ensemble,
+                self.optimizer,
+                buffer,
+                args.observation,
+                self.l2_coef,
+                steps_per_round,
+                args.reward_batch_size,
+                args.label_noise,
+                rng,
+            )
+            self.training_rounds += 1
+            if self.training_rounds % args.reward_eval_every == 0 or (validate_last and round_of_call == rounds):
+                labels = buffer.get()
+                step_rewards = label_step_rewards(self.ensemble, labels, args.observation)  # (members, labels, 2, L)
+                self.train_loss, self.val_loss, self.val_accuracy = validate_reward_model(
+                    step_rewards, labels, args.label_noise
+                )
+                self.ensemble.fit_normalization(step_rewards.reshape(self.ensemble.size, -1), args.reward_std)
+                self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
+
+    def pretrain(self, buffer, rng):
+        """C17 A.2: --pretrain-epochs passes over the labels before RL starts, then a validation; prints its figures."""
+        epoch_steps = math.ceil(buffer.size / self.args.reward_batch_size)
+        self.train(buffer, self.args.pretrain_epochs, epoch_steps, rng, validate_last=True)
+        print(
+            f"reward model {'fitted' if self.args.offline else 'pretrained'} on {buffer.size} labels: val accuracy "
+            f"{self.val_accuracy:.2f}, train loss {self.train_loss.nanmean():.3f}, val loss {self.val_loss.nanmean():.3f}"
+        )
+
+
+# RLHF: what the training loop calls each iteration
+def query_labels(teacher, buffer, database, scheduled, rollout, ensemble, pretraining, args, rng):
+    """Ask the teacher for the labels the schedule has called for so far (`scheduled`) that are neither held nor on
+    their way (a resumed run asks nothing twice; pairs the teacher skipped are replaced by new ones), chosen from this
+    rollout (C17 2.2.4); then store the answers received so far."""
+    to_ask = scheduled - buffer.size - teacher.pending
+    if to_ask > 0:
+        # before RL the members are untrained and their disagreement is noise; the blog's database holds random pairs
+        selection = "random" if pretraining or args.offline else args.selection
+        left, right = select_pairs(
+            rng, ensemble, args.observation, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection
+        )
+        teacher.ask(left, right)
+    store_answers(teacher, buffer, database)
+
+
+def store_answers(teacher, buffer, database):
+    """Move the teacher's answers into the label buffer (and, offline, into the preference database)."""
+    for left, right, mu in teacher.poll():
+        buffer.add(left, right, mu)
+        if database is not None:
+            database.add(left, right, mu)
+
+
+def log_predicted_returns(writer, global_step, rewards, truncations, predicted_episode_return):
+    """Adds the rollout's learned rewards (steps, envs) to each environment's predicted return of its episode so far
+    (updated in place); logs those of the episodes that ended in the rollout (next to their true returns) and returns
+    them."""
+    ended = []
+    for t in range(len(rewards)):
+        predicted_episode_return += rewards[t]
+        ended += list(predicted_episode_return[truncations[t]])
+        predicted_episode_return[truncations[t]] = 0.0
+    for predicted_return in ended:
+        writer.add_scalar("charts/predicted_return", predicted_return, global_step)
+    return ended
+
+
+def log_reward_model(writer, global_step, reward_trainer, buffer, teacher, rewards, true_rewards):
+    """TensorBoard figures of the reward model and the labels; returns the correlation of the rollout's learned
+    reward with its true reward (offline: how far the frozen model drifts from it)."""
+    constant = rewards.std() == 0 or true_rewards.std() == 0
+    correlation = math.nan if constant else np.corrcoef(rewards.ravel(), true_rewards.ravel())[0, 1]
+    writer.add_scalar("reward_model/loss", reward_trainer.train_loss.nanmean().item(), global_step)
+    writer.add_scalar("reward_model/val_loss", reward_trainer.val_loss.nanmean().item(), global_step)
+    writer.add_scalar("reward_model/val_accuracy", reward_trainer.val_accuracy, global_step)
+    writer.add_scalar("reward_model/l2", reward_trainer.l2_coef.mean().item(), global_step)
+    writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+    writer.add_scalar("labels/total", buffer.size, global_step)
+    writer.add_scalar("labels/pending", teacher.pending, global_step)
+    return correlation
+
+
+# RLHF: the one place that asks which teacher the run has
+def make_teacher(args, run_dir, rng):
+    """The teacher of --feedback (None for true-reward), with SyntheticTeacher's interface."""
+    if args.feedback == "synthetic":
+        return SyntheticTeacher(
+            rng,
+            args.teacher_beta,
+            args.teacher_gamma,
+            args.teacher_epsilon,
+            args.teacher_skip_threshold,
+            args.teacher_equal_margin,
+        )
+    if args.feedback == "human":
+        teacher = HumanTeacher(run_dir, args.label_server, args.label_token, args.instruction, args.clip_fps)
+        print(
+            f"human feedback: pairs go to {args.label_server}/ (experiment {teacher.experiment}); open it in a browser to label"
+        )
+        return teacher
+    return None
+
+
+def no_pretraining_label_error(args: Args, run_dir: str) -> str:
+    """The message of a run whose pretraining pairs all went unanswered: RL would start without a reward to learn."""
+    if args.feedback == "human":
+        why = "people answered 'can't tell' to every pair"
+        fix = (
+            f"--resume {run_dir} asks for them again; a clearer --instruction or a longer --segment-len in a new run "
+            "may make the clips easier to compare"
+        )
+    else:
+        why = f"the synthetic teacher skipped every pair (both returns below --teacher-skip-threshold {args.teacher_skip_threshold})"
+        fix = "start a new run with a lower --teacher-skip-threshold"
+    return f"error: pretraining ended with no preference label, so there is no reward to learn: {why}. {fix}"
+
+
+# =====================================================================================================================
+# Infrastructure: the human teacher (C17 appendix B): clips drawn from the segments and sent to label_server.py,
+# answers fetched in a background thread. Readers of the synthetic path can skip this block.
+# =====================================================================================================================
+MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
+
+
+class HumanTeacher:
+    """People answer in a browser, through label_server.py. Same interface as SyntheticTeacher. ask() only queues;
+    a background thread draws each pair's clips from the segments' dot positions, uploads them, posts the pair and
+    polls for answers, retrying with backoff while the server is down, so training goes on while people label (C17
+    2.2: asynchronous). Pairs not yet answered are saved with the run (save/load: {run_dir}/pending_pairs.npz) and
+    asked again when it resumes. The run folder's name is the experiment's name on the label server."""
+
+    def __init__(self, run_dir, server, token, instruction, clip_fps=6, poll_interval=2.0):
+        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.normpath(run_dir)))
+        self.path = f"{run_dir}/pending_pairs.npz"
+        self.server, self.token = server.rstrip("/"), token
+        self.instruction, self.clip_fps, self.poll_interval = instruction, clip_fps, poll_interval
+        self.lock = threading.Lock()
+        self.queued = []  # pair ids still to draw, upload and post
+        self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
+        self.answered = []  # (pair id, mu, seq) received, not yet handed over by poll()
+        self.next_index = 0  # pair ids are {experiment}-{index}
+        self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
+        self.received_seq = 0  # label sequence number up to which the thread has fetched answers
+        self.failure = None  # an error the thread cannot retry
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, daemon=True)
+
+    @property
+    def pending(self):
+        """Pairs asked and not yet handed over by poll(), answered or not: the label budget counts them as on their
+        way (an answer the thread has fetched but poll() has not returned is neither in the buffer nor unanswered)."""
+        with self.lock:
+            return len(self.waiting)
+
+    @property
+    def unanswered(self):
+        """Pairs asked that nobody has answered yet."""
+        with self.lock:
+            return len(self.waiting) - len(self.answered)
+
+    def ask(self, left, right):
+        with self.lock:
+            for i in range(len(left["act"])):
+                pair_id = f"{self.experiment}-{self.next_index:06d}"
+                self.next_index += 1
+                self.waiting[pair_id] = (index_segments(left, i), index_segments(right, i))
+                self.queued.append(pair_id)
+
+    def poll(self):
+        if self.failure is not None:
+            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
+        with self.lock:
+            answered, self.answered = self.answered, []
+            batches = []
+            for pair_id, mu, seq in answered:
+                left, right = self.waiting.pop(pair_id)
+                self.consumed_seq = max(self.consumed_seq, seq)
+                if mu is not None:
+                    batches.append((left, right, mu))
+        if not batches:
+            return []
+        lefts, rights, mus = zip(*batches)
+        return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
+
+    def wait_for_answers(self, stop, progress_every=10.0):
+        """Block until every asked pair is answered (True), the thread fails (True: poll() reports it) or `stop` is set
+        (False)."""
+        last = 0.0
+        while self.unanswered and self.failure is None and not stop.is_set():
+            if time.time() - last > progress_every:
+                print(
+                    f"waiting for {self.unanswered} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
+                )
+                last = time.time()
+            time.sleep(0.5)
+        return not stop.is_set()
+
+    # --- the background thread ---
+    def _request(self, method, path, body=None, content_type="application/json"):
+        """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
+        a 4xx stops the thread with the server's message (poll() then stops the run)."""
+        delay, warned = 1.0, False
+        while not self.stop.is_set():
+            request = urllib.request.Request(self.server + path, data=body, method=method)
+            request.add_header("Content-Type", content_type)
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    if warned:
+                        print(f"label server at {self.server} is back")
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as error:
+                if error.code < 500:  # the request itself is wrong: retrying cannot help
+                    hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
+                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
+                reason = f"HTTP {error.code}"
+            except (urllib.error.URLError, OSError) as error:
+                reason = str(getattr(error, "reason", error))
+            print(f"label server at {self.server} unreachable ({reason}); retrying in {delay:.0f} s")
+            warned = True
+            self.stop.wait(delay)
+            delay = min(delay * 2, 60.0)
+        return None
+
+    def _encode(self, segment):
+        """WebM/VP9 bytes of the segment's frames (plays in Chromium and Firefox)."""
+        frames = [render_frame(position) for position in segment["position"]]
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "clip.webm")
+            speed = ["-deadline", "realtime", "-cpu-used", "8", "-b:v", "0", "-crf", "32"]
+            imageio.v2.mimwrite(path, frames, fps=self.clip_fps, codec="libvpx-vp9", macro_block_size=1, output_params=speed)
+            with open(path, "rb") as clip:
+                return clip.read()
+
+    def _work(self):
+        try:
+            last_poll = 0.0
+            while not self.stop.is_set():
+                with self.lock:
+                    pair_id = self.queued[0] if self.queued else None
+                    segments = self.waiting.get(pair_id)
+                if pair_id is not None:
+                    left, right = segments
+                    for side, segment in (("left", left), ("right", right)):
+                        self._request("PUT", f"/api/clips/{pair_id}-{side}", self._encode(segment), "video/webm")
+                    pair = {
+                        "experiment": self.experiment,
+                        "pair_id": pair_id,
+                        "left_clip": f"{pair_id}-left",
+                        "right_clip": f"{pair_id}-right",
+                        "instruction": self.instruction,
+                        "metadata": {  # what the teacher did not see, for later analysis of human labels
+                            "left_true_return": float(left["true_reward"].sum()),
+                            "right_true_return": float(right["true_reward"].sum()),
+                        },
+                    }
+                    if self._request("POST", "/api/pairs", json.dumps(pair).encode()) is not None:
+                        with self.lock:
+                            self.queued.remove(pair_id)
+                if pair_id is None or time.time() - last_poll > self.poll_interval:
+                    self._fetch_labels()
+                    last_poll = time.time()
+                if pair_id is None:
+                    self.stop.wait(self.poll_interval)
+        except Exception as error:  # reported to the training loop by poll()
+            self.failure = f"{type(error).__name__}: {error}"
+
+    def _fetch_labels(self):
+        reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
+        if reply is None:
+            return
+        with self.lock:
+            for label in reply["labels"]:
+                if label["pair_id"] in self.waiting:  # an answer to a pair of this run that is not in the buffer yet
+                    self.answered.append((label["pair_id"], MU_OF_CHOICE.get(label["choice"]), label["seq"]))
+                self.received_seq = max(self.received_seq, label["seq"])
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=60)
+        print(f"{self.pending} unanswered pairs saved to {self.path} (asked again on --resume)")
+
+    # --- persistence: asked but unanswered pairs survive a stopped run ---
+    def save(self):
+        """In step with the label buffer's file: the answers it holds are not fetched again."""
+        with self.lock:
+            ids = list(self.waiting)
+            state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
+            for side, which in (("left", 0), ("right", 1)):
+                for key in SEGMENT_KEYS:
+                    values = [self.waiting[i][which][key] for i in ids]
+                    state[f"{side}_{key}"] = np.stack(values) if values else np.zeros(0, np.float32)
+        np.savez_compressed(self.path + ".tmp.npz", **state)
+        os.replace(self.path + ".tmp.npz", self.path)
+
+    def load(self):
+        """Asked-but-unanswered pairs of a stopped run, if it left any: asked again (re-posting a pair is harmless)."""
+        if not os.path.exists(self.path):
+            return
+        with np.load(self.path) as state:
+            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
+            self.received_seq = self.consumed_seq
+            for n, pair_id in enumerate(state["pair_ids"]):
+                left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
+                self.waiting[str(pair_id)] = (left, right)
+                self.queued.append(str(pair_id))
+
+
+# =====================================================================================================================
+# Infrastructure: stopping, saving and resuming. A checkpoint holds, besides the networks, everything that makes a
+# resumed run go on exactly as if it had never stopped (tests/test_moving_dot.py checks it bit for bit).
+# =====================================================================================================================
+def stop_flag_on_signals():
+    """A threading.Event set by Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM): the loop stops at the end
+    of the iteration in progress, where the checkpoint resumes it exactly. A second signal stops at once, unsaved."""
+    stop_requested = threading.Event()
+
+    def request_stop(signum, frame):
+        if stop_requested.is_set():
+            raise KeyboardInterrupt
+        stop_requested.set()
+        # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
+        os.write(
+            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
+        )
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop_requested
+
+
+def save_labels(buffer, teacher, labels_path):
+    """The labels, and the teacher's unanswered pairs in step with them (the answers the labels hold are not fetched
+    again on --resume)."""
+    buffer.save(labels_path)
+    teacher.save()
+
+
 def random_states(rng, device):
     """Every random generator the run draws from: numpy's Generator (segments, the teacher, bootstrap weights, reward
     minibatches), numpy's global one (PPO's minibatch shuffle), torch's (actions) and Python's."""
@@ -956,7 +1169,7 @@ def random_states(rng, device):
     }
 
 
-def set_random_states(rng, states):
+def restore_random_states(rng, states):
     rng.bit_generator.state = states["rng"]
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
@@ -971,7 +1184,7 @@ def inner_wrapper(env, kind):
     return env
 
 
-def env_states(envs):
+def environment_states(envs):
     """Where each environment is: the dot, its random generator (next episode's start), the step within the episode
     (TimeLimit) and the episode's true return and length so far (RecordEpisodeStatistics)."""
     states = []
@@ -988,13 +1201,71 @@ def env_states(envs):
     return states
 
 
-def set_env_states(envs, states):
+def restore_environment_states(envs, states):
     for env, state in zip(envs.envs, states):
         env.unwrapped.position = state["position"].copy()
         env.unwrapped.np_random.bit_generator.state = state["np_random"]
         inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps = state["elapsed_steps"]
         statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
         statistics.episode_returns, statistics.episode_lengths, statistics.episode_count = state["episode"]
+
+
+def read_checkpoint(run_dir):
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.isfile(checkpoint_path):
+        raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
+    return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+
+
+def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_trainer, envs, next_obs, predicted_episode_return, rng):
+    """Everything needed to evaluate the agent or to resume the run after `iteration` (the last completed one), with
+    the run's state at this moment (the end of that iteration when the run was stopped by a signal)."""
+    state = {
+        "args": vars(args),
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "global_step": iteration * args.batch_size,
+        "iteration": iteration,
+        "random_states": random_states(rng, next_obs.device),
+        "env_states": environment_states(envs),
+        "next_obs": next_obs.cpu(),
+        "predicted_episode_return": predicted_episode_return,
+    }
+    if reward_trainer is not None:  # RLHF: the reward model and its training (the keys of older checkpoints)
+        state["reward_ensemble"] = reward_trainer.ensemble.state_dict()
+        state["reward_optimizer"] = reward_trainer.optimizer.state_dict()
+        state["l2_coef"] = reward_trainer.l2_coef
+        state["fits"] = reward_trainer.training_rounds
+        state["reward_evaluation"] = (reward_trainer.train_loss, reward_trainer.val_loss, reward_trainer.val_accuracy)
+    path = f"{run_dir}/checkpoint.pt"
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
+
+
+def restore_training(checkpoint, agent, optimizer, reward_trainer, buffer, teacher, labels_path):
+    """The networks, optimisers and reward-model state of a checkpoint, the run's labels and the teacher's unanswered
+    pairs; returns (first iteration to run, global step)."""
+    agent.load_state_dict(checkpoint["agent"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if reward_trainer is not None:
+        reward_trainer.ensemble.load_state_dict(checkpoint["reward_ensemble"])
+        reward_trainer.optimizer.load_state_dict(checkpoint["reward_optimizer"])
+        reward_trainer.l2_coef = checkpoint["l2_coef"]
+        buffer.load(labels_path)
+        teacher.load()
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]
+
+
+def restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_episode_return, device):
+    """Where the run stopped: every random generator, the environments, the reward model's training counters and each
+    environment's predicted return so far (updated in place); returns the next observation."""
+    restore_random_states(rng, checkpoint["random_states"])
+    restore_environment_states(envs, checkpoint["env_states"])
+    if reward_trainer is not None:
+        reward_trainer.training_rounds = checkpoint["fits"]
+        reward_trainer.train_loss, reward_trainer.val_loss, reward_trainer.val_accuracy = checkpoint["reward_evaluation"]
+    predicted_episode_return[:] = checkpoint["predicted_episode_return"]
+    return checkpoint["next_obs"].to(device)
 
 
 # Evaluation of a saved agent
@@ -1021,17 +1292,15 @@ def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    checkpoint = None
-    if args.resume:
-        checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
-        if not os.path.isfile(checkpoint_path):
-            raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        # a resumed run keeps its own settings; only what to do with it comes from this command line
-        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
-        args = Args(**{**checkpoint["args"], **keep})
+    checkpoint = read_checkpoint(args.resume) if args.resume else None
+    if checkpoint is not None:
+        # Infrastructure: a resumed run keeps its own settings; only what to do with it comes from this command line
+        resume_overrides = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
+        args = Args(**{**checkpoint["args"], **resume_overrides})
         if args.eval_only:
-            returns = evaluate(checkpoint_path, args.observation, args.episode_steps, args.eval_episodes, args.seed)
+            returns = evaluate(
+                os.path.join(args.resume, "checkpoint.pt"), args.observation, args.episode_steps, args.eval_episodes, args.seed
+            )
             print(
                 f"eval: {len(returns)} episodes of MovingDot-v0: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}"
             )
@@ -1041,6 +1310,7 @@ if __name__ == "__main__":
         raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
     else:
         run_dir = f"runs/MovingDot-v0-{args.observation}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    fill_runtime_fields(args)
     validate_args(args)
     rlhf = args.feedback != "true-reward"
     os.makedirs(run_dir, exist_ok=True)
@@ -1062,383 +1332,254 @@ if __name__ == "__main__":
     # env setup
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.observation, args.episode_steps, i, args.capture_video, run_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,  # PPO change: the cut state of a truncation, for its bootstrap
     )
     obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
 
     agent = Agent(obs_shape, num_actions).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
-    # RLHF: reward ensemble, labels and teacher
-    ensemble = reward_optimizer = buffer = teacher = database = None
-    l2_coef = torch.full((args.ensemble_size,), 1e-4)
-    schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
-    if args.offline:  # the blog's offline variant: every label from the initial policy, before RL
-        schedule[: args.pretrain_iterations] = np.diff(np.round(np.linspace(0, args.labels, args.pretrain_iterations + 1)))
-    pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
-    labels_path = f"{run_dir}/labels.npz"
-    pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
+    # RLHF: reward ensemble and its training, labels, teacher and label schedule
+    ensemble = reward_trainer = buffer = None
     if rlhf:
         ensemble = RewardEnsemble(obs_shape, num_actions, args.ensemble_size)
-        reward_optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+        reward_trainer = RewardTrainer(ensemble, args)
         buffer = LabelBuffer(args.labels, args.segment_len, args.ensemble_size, rng)
-    if args.feedback == "synthetic":
-        teacher = SyntheticTeacher(
-            rng,
-            args.teacher_beta,
-            args.teacher_gamma,
-            args.teacher_epsilon,
-            args.teacher_skip_threshold,
-            args.teacher_equal_margin,
-        )
-    elif args.feedback == "human":
-        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
-        teacher = HumanTeacher(args.label_server, args.label_token, experiment, args.instruction, args.clip_fps)
-        print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
+    teacher = make_teacher(args, run_dir, rng)
+    schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
+    pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
+    labels_path = f"{run_dir}/labels.npz"
 
     start_iteration, global_step = 1, 0
-    checkpoint_path = f"{run_dir}/checkpoint.pt"
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        if rlhf:
-            ensemble.load_state_dict(checkpoint["reward_ensemble"])
-            reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
-            l2_coef = checkpoint["l2_coef"]
-            buffer.load(labels_path)
-            if args.feedback == "human" and os.path.exists(pending_path):
-                teacher.load(pending_path)
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+    if checkpoint is not None:  # Infrastructure: resume with the saved networks, labels and unanswered pairs
+        start_iteration, global_step = restore_training(
+            checkpoint, agent, optimizer, reward_trainer, buffer, teacher, labels_path
+        )
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
-    if args.offline:
-        # RLHF (offline): pairs already in the database are reused; only the missing ones are labelled below
+    database = None
+    if args.offline:  # RLHF (offline): pairs already in the database are reused; only the missing ones are labelled
         database = PreferenceDatabase(args.preference_db or f"{run_dir}/preferences.sqlite")
         if buffer.size == 0 and database.count(args.segment_len):
             buffer.add(*database.load(args.segment_len, args.labels))
             print(f"offline: {buffer.size} labelled pairs loaded from the preference database")
 
     # ALGO Logic: Storage setup
-    obs_dtype = torch.uint8 if args.observation == "pixels" else torch.float32
+    obs_dtype = torch.uint8 if args.observation == "pixels" else torch.float32  # frames are stored as they come
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype).to(device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long).to(device)
     logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)  # value of the state after a time-limit cut
+    bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)  # PPO change: value of the state a cut ended at
     positions = np.zeros((args.num_steps, args.num_envs, 2), np.int16)  # RLHF: what segments are made of
     true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
     truncations = np.zeros((args.num_steps, args.num_envs), bool)
     predicted_episode_return = np.zeros(args.num_envs)
 
-    def save_labels():
-        buffer.save(labels_path)
-        if args.feedback == "human":  # in step with the buffer: the answers it holds are not fetched again
-            teacher.save(pending_path)
-
-    def save_checkpoint():
-        """Everything needed to evaluate the agent or resume the run after the last completed iteration."""
-        state = {
-            "args": vars(args),
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "reward_ensemble": ensemble.state_dict() if rlhf else None,
-            "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
-            "l2_coef": l2_coef,
-            "global_step": completed_step,
-            "iteration": completed,
-            # the run's state at that moment (the end of an iteration when the run was stopped by a signal)
-            "random_states": random_states(rng, device),
-            "env_states": env_states(envs),
-            "next_obs": next_obs.cpu(),
-            "fits": fits,  # decides when the reward model is validated and its L2 adapted
-            "reward_evaluation": (train_loss, val_loss, val_accuracy),
-            "predicted_episode_return": predicted_episode_return,
-        }
-        torch.save(state, checkpoint_path + ".tmp")
-        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
-
-    if args.feedback == "human":
+    if rlhf:
         teacher.start()
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step, last_label_save = time.time(), global_step, time.time()
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs).to(device)
+    if checkpoint is not None and "random_states" in checkpoint:  # Infrastructure: go on where the run stopped
+        next_obs = restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_episode_return, device)
     recent_returns, recent_predicted = [], []
-    fits = 0  # RLHF: reward-model training rounds so far, and their latest validation figures
-    train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
-    val_accuracy = math.nan
-    if checkpoint is not None and "random_states" in checkpoint:  # go on where the run stopped, not from the seed
-        set_random_states(rng, checkpoint["random_states"])
-        set_env_states(envs, checkpoint["env_states"])
-        next_obs = checkpoint["next_obs"].to(device)
-        fits, (train_loss, val_loss, val_accuracy) = checkpoint["fits"], checkpoint["reward_evaluation"]
-        predicted_episode_return = checkpoint["predicted_episode_return"]
-    # the last iteration whose update finished, and its step count: what a checkpoint resumes after
-    completed, completed_step = start_iteration - 1, global_step
-    # Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) stop the run at the end of the iteration under way,
-    # where the checkpoint resumes it exactly; a second signal stops it at once (that iteration is done again on resume)
-    stop_requested = threading.Event()
+    # Infrastructure: the last iteration whose update finished: what a checkpoint resumes after
+    completed = start_iteration - 1
+    stop_requested = stop_flag_on_signals()
+    run_error = None  # why the run cannot go on, raised once everything is saved
 
-    def request_stop(signum, frame):
+    for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set():
-            raise KeyboardInterrupt
-        stop_requested.set()
-        os.write(sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop now)\n")
+            break
+        pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+        for step in range(0, args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            positions[step] = [env.unwrapped.position for env in envs.envs]  # RLHF: the dot at this observation
 
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            if stop_requested.is_set():
-                raise KeyboardInterrupt
-            pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-            for step in range(0, args.num_steps):
-                global_step += args.num_envs
-                obs[step] = next_obs
-                for i, env in enumerate(envs.envs):  # RLHF: the dot's position at this observation
-                    positions[step, i] = env.unwrapped.position
-
-                # ALGO LOGIC: action logic
-                with torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                    values[step] = value.flatten()
-                actions[step] = action
-                logprobs[step] = logprob
-
-                # TRY NOT TO MODIFY: execute the game and log data.
-                next_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
-                true_rewards[step], truncations[step] = reward, truncated
-                bootstrap[step] = 0.0
-                if "final_obs" in infos:
-                    cut = infos["_final_obs"] & truncated  # time limit: bootstrap from the state the episode was cut at
-                    if cut.any():
-                        final = torch.as_tensor(np.stack(infos["final_obs"][cut])).to(device)
-                        with torch.no_grad():
-                            bootstrap[step][cut] = agent.get_value(final).flatten().cpu().numpy()
-                    episodes = infos["final_info"].get("episode")
-                    if episodes is not None:
-                        for i in np.flatnonzero(infos["final_info"]["_episode"]):
-                            recent_returns.append(float(episodes["r"][i]))
-                            writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
-                            writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
-                next_obs = torch.as_tensor(next_obs).to(device)
-
-            rollout_actions = actions.cpu().numpy()
-            if rlhf:
-                # RLHF: ask what the schedule has called for so far and is neither held nor on its way (C17 A.1
-                # schedule, 2.2.4 selection): a resumed run asks nothing twice; pairs the teacher skipped are replaced by new ones
-                to_ask = int(schedule[:iteration].sum()) - buffer.size - teacher.pending
-                if to_ask > 0:
-                    rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards}
-                    rollout["truncated"] = truncations
-                    # the untrained ensemble's disagreement is noise, and the blog's database holds random pairs
-                    selection = "random" if pretraining or args.offline else args.selection
-                    left, right = select_pairs(
-                        rng,
-                        ensemble,
-                        args.observation,
-                        rollout,
-                        args.segment_len,
-                        to_ask,
-                        args.candidate_multiplier,
-                        selection,
-                    )
-                    teacher.ask(left, right)
-                if iteration == args.pretrain_iterations and args.feedback == "human":
-                    teacher.wait_for_all(stop_requested)  # people label asynchronously, but RL cannot start without these
-                    if stop_requested.is_set():
-                        raise KeyboardInterrupt  # this pretraining rollout is done again on --resume
-                for left, right, mu in teacher.poll():
-                    buffer.add(left, right, mu)
-                    if database is not None:
-                        database.add(left, right, mu)
-                if iteration == args.pretrain_iterations and buffer.size == 0:
-                    raise SystemExit(no_pretraining_label_error(args, run_dir))  # labels (and checkpoint) saved below
-                if iteration == args.pretrain_iterations:  # C17 A.1: fit the reward model before RL starts
-                    rounds, steps_per_round = args.pretrain_epochs, math.ceil(buffer.size / args.reward_batch_size)
-                elif pretraining or args.offline:  # offline: the reward model stays as fitted
-                    rounds, steps_per_round = 0, 0
-                else:  # online: it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
-                    rounds, steps_per_round = 1, args.reward_updates
-                for fit_round in range(1, rounds + 1):
-                    train_reward_model(
-                        ensemble,
-                        reward_optimizer,
-                        buffer,
-                        args.observation,
-                        l2_coef,
-                        steps_per_round,
-                        args.reward_batch_size,
-                        args.label_noise,
-                        rng,
-                    )
-                    fits += 1
-                    if fits % args.reward_eval_every == 0 or (iteration == args.pretrain_iterations and fit_round == rounds):
-                        train_loss, val_loss, val_accuracy = evaluate_reward_model(
-                            ensemble, buffer, args.observation, args.label_noise, args.reward_std
-                        )
-                        l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                if iteration == args.pretrain_iterations:
-                    print(
-                        f"reward model {'fitted' if args.offline else 'pretrained'} on {buffer.size} labels: val accuracy "
-                        f"{val_accuracy:.2f}, train loss {train_loss.nanmean():.3f}, val loss {val_loss.nanmean():.3f}"
-                    )
-                if time.time() - last_label_save > 30 or iteration in (args.pretrain_iterations, args.num_iterations):
-                    save_labels()
-                    last_label_save = time.time()
-
-            if pretraining:
-                print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
-                writer.add_scalar("labels/total", buffer.size, global_step)
-                completed, completed_step = iteration, global_step
-                continue
-
-            # RLHF: the reward PPO optimises, for the whole rollout in one batched call
-            if rlhf:
-                rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
-                for t in range(args.num_steps):  # predicted return of whole episodes, next to the true one
-                    predicted_episode_return += rewards_np[t]
-                    for i in np.flatnonzero(truncations[t]):
-                        recent_predicted.append(predicted_episode_return[i])
-                        writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
-                    predicted_episode_return[truncations[t]] = 0.0
-            else:
-                rewards_np = true_rewards.copy()
-            # both rewards already have a standard deviation near 1 (the true one is -1, 0 or +1): no return scaling
-            rewards = torch.as_tensor(rewards_np + args.gamma * bootstrap * truncations, dtype=torch.float32).to(device)
-            step_dones = torch.as_tensor(truncations, dtype=torch.float32).to(device)
-
-            # bootstrap value if not done
+            # ALGO LOGIC: action logic
             with torch.no_grad():
-                next_value = agent.get_value(next_obs).reshape(1, -1)
-                advantages = torch.zeros_like(rewards).to(device)
-                lastgaelam = 0
-                for t in reversed(range(args.num_steps)):
-                    nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
-                    nextnonterminal = 1.0 - step_dones[t]
-                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-                    advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-                returns = advantages + values
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
 
-            # flatten the batch
-            b_obs = obs.reshape((-1,) + obs_shape)
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape(-1)
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
+            # TRY NOT TO MODIFY: execute the game and log data.
+            next_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+            true_rewards[step], truncations[step] = reward, truncated
+            bootstrap[step] = truncation_values(agent, infos, truncated, device)  # PPO change (README "The moving dot")
+            episodes = infos["final_info"].get("episode") if "final_info" in infos else None
+            if episodes is not None:
+                for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                    recent_returns.append(float(episodes["r"][i]))
+                    writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
+            next_obs = torch.as_tensor(next_obs).to(device)
 
-            # Optimizing the policy and value network
-            b_inds = np.arange(args.batch_size)
-            clipfracs = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):
-                    end = start + args.minibatch_size
-                    mb_inds = b_inds[start:end]
+        rollout_actions = actions.cpu().numpy()
+        if rlhf:  # RLHF: labels for this iteration (C17 A.1 schedule, 2.2.4 selection), then the reward model's training
+            rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards, "truncated": truncations}
+            query_labels(teacher, buffer, database, int(schedule[:iteration].sum()), rollout, ensemble, pretraining, args, rng)
+            if iteration == args.pretrain_iterations:  # C17 A.1: RL starts on a reward model fitted to these labels
+                if not teacher.wait_for_answers(stop_requested):
+                    break  # people label asynchronously, but RL cannot start without these: done again on --resume
+                store_answers(teacher, buffer, database)
+                if buffer.size == 0:
+                    run_error = no_pretraining_label_error(args, run_dir)
+                    break  # the labels (and the checkpoint) are saved below
+                reward_trainer.pretrain(buffer, rng)
+                save_labels(buffer, teacher, labels_path)  # Infrastructure: the pretraining labels are kept before RL
+                last_label_save = time.time()
+            elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen)
+                reward_trainer.train(buffer, 1, args.reward_updates, rng)
+            if time.time() - last_label_save > 30:  # Infrastructure: a killed run loses at most 30 s of labels
+                save_labels(buffer, teacher, labels_path)
+                last_label_save = time.time()
 
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
+        if pretraining:
+            print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
+            writer.add_scalar("labels/total", buffer.size, global_step)
+            completed = iteration
+            continue
 
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
+        if rlhf:  # RLHF: the reward PPO optimises, for the whole rollout in one batched call
+            rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
+            recent_predicted += log_predicted_returns(writer, global_step, rewards_np, truncations, predicted_episode_return)
+        else:
+            rewards_np = true_rewards.copy()
+        # PPO change (README "The moving dot"): every episode end is a time-limit cut, bootstrapped from the cut state;
+        # both rewards already have a standard deviation near 1 (the true one is -1, 0 or +1): no return scaling
+        rewards = torch.as_tensor(rewards_np + args.gamma * bootstrap * truncations, dtype=torch.float32).to(device)
+        step_dones = torch.as_tensor(truncations, dtype=torch.float32).to(device)
 
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages = torch.zeros_like(rewards).to(device)
+            lastgaelam = 0
+            for t in reversed(range(args.num_steps)):
+                nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
+                nextnonterminal = 1.0 - step_dones[t]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+            returns = advantages + values
 
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+        # flatten the batch
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
 
-                    # Value loss
-                    newvalue = newvalue.view(-1)
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds],
-                            -args.clip_coef,
-                            args.clip_coef,
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
-                        v_loss = 0.5 * v_loss_max.mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+        # Optimizing the policy and value network
+        b_inds = np.arange(args.batch_size)
+        clipfracs = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(b_inds)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                end = start + args.minibatch_size
+                mb_inds = b_inds[start:end]
 
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
 
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
+                with torch.no_grad():
+                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
 
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+                # Policy loss
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-            # TRY NOT TO MODIFY: record rewards for plotting purposes
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            line = f"step {global_step}, SPS {sps}"
-            if recent_returns:
-                line += f", true return {np.mean(recent_returns[-10:]):.1f}"
-            if rlhf:
-                # RLHF: how well the learned reward tracks the true one (offline: how far the frozen model drifts)
-                constant = rewards_np.std() == 0 or true_rewards.std() == 0
-                correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-                writer.add_scalar("reward_model/loss", train_loss.nanmean().item(), global_step)
-                writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
-                writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
-                writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
-                writer.add_scalar("reward_model/true_correlation", correlation, global_step)
-                writer.add_scalar("labels/total", buffer.size, global_step)
-                writer.add_scalar("labels/pending", teacher.pending, global_step)
-                if recent_predicted:
-                    line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
-                line += f", labels {buffer.size}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
-            print(line)
-            recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+                # Value loss
+                newvalue = newvalue.view(-1)
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds],
+                        -args.clip_coef,
+                        args.clip_coef,
+                    )
+                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
+                    v_loss = 0.5 * v_loss_max.mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
-            completed, completed_step = iteration, global_step
-            if args.save_model and iteration % args.checkpoint_every == 0:
-                save_checkpoint()
-    except KeyboardInterrupt:
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        line = f"step {global_step}, SPS {sps}"
+        if recent_returns:
+            line += f", true return {np.mean(recent_returns[-10:]):.1f}"
+        if rlhf:  # RLHF: how well the learned reward tracks the true one
+            correlation = log_reward_model(writer, global_step, reward_trainer, buffer, teacher, rewards_np, true_rewards)
+            if recent_predicted:
+                line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
+            line += f", labels {buffer.size}/{args.labels}, val acc {reward_trainer.val_accuracy:.2f}, corr {correlation:.2f}"
+        print(line)
+        recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+
+        completed = iteration
+        if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
+            save_checkpoint(
+                run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_episode_return, rng
+            )
+
+    # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels always, the
+    # checkpoint with --save-model; continue with --resume)
+    if stop_requested.is_set() and completed < args.num_iterations:
         print(f"interrupted at step {global_step}")
-    finally:
-        # nothing is lost when a run stops: labels always, the checkpoint with --save-model (resume with --resume)
-        if rlhf:
-            save_labels()
-            print(f"{buffer.size} labels saved to {labels_path}")
-            if args.feedback == "human":
-                teacher.close()
-                print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
-        if database is not None:
-            database.close()
-        if args.save_model:
-            save_checkpoint()
-            print(f"checkpoint saved to {checkpoint_path}")
-        envs.close()
-        writer.close()
+    if rlhf:
+        save_labels(buffer, teacher, labels_path)
+        print(f"{buffer.size} labels saved to {labels_path}")
+        teacher.close()
+    if database is not None:
+        database.close()
+    if args.save_model:
+        save_checkpoint(
+            run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_episode_return, rng
+        )
+        print(f"checkpoint saved to {run_dir}/checkpoint.pt")
+    envs.close()
+    writer.close()
+    if run_error is not None:
+        raise SystemExit(run_error)

@@ -2,9 +2,11 @@
 database and the reward model; a subprocess run of every mode (synthetic on positions and on pixels, true reward,
 offline, human through a live label server); and learning from preferences alone."""
 
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 import rlhf_moving_dot as dot
 import torch
+import tyro
 from helpers import (
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -214,9 +217,10 @@ def test_reward_model_learns_the_dots_reward_from_synthetic_preferences():
     buffer = dot.LabelBuffer(400, 10, 3, rng)
     buffer.add(left, right, dot.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"]))
     ensemble = dot.RewardEnsemble((2,), 5, 3)
-    optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
-    dot.train_reward_model(ensemble, optimizer, buffer, "position", torch.full((3,), 1e-4), 800, 64, 0.1, rng)
-    _, _, val_accuracy = dot.evaluate_reward_model(ensemble, buffer, "position", 0.1, 1.0)
+    # one round of 800 Adam steps (batches of 64, learning rate 1e-3), then validation and the reward normalisation
+    trainer = dot.RewardTrainer(ensemble, dot.Args(reward_lr=1e-3, reward_batch_size=64, label_noise=0.1, reward_std=1.0))
+    trainer.train(buffer, 1, 800, rng, validate_last=True)
+    val_accuracy = trainer.val_accuracy
     fresh = walk(2000)
     predicted = ensemble.normalized_reward(
         torch.as_tensor(dot.observe(fresh["position"], "position")), torch.as_tensor(fresh["act"])
@@ -279,7 +283,11 @@ def test_training_loss_is_the_bootstrap_weighted_loss_each_member_was_trained_on
     weight = np.array([[3, 0], [0, 1], [1, 2], [2, 0], [0, 1], [1, 4]], np.float32)
     buffer.data["weight"][:6], buffer.data["is_val"][:6] = weight, weight == 0
     ensemble = dot.RewardEnsemble((2,), 5, size=2)
-    train_loss, val_loss, _ = dot.evaluate_reward_model(ensemble, buffer, "position", 0.1, 1.0)
+    before = {name: value.clone() for name, value in ensemble.state_dict().items()}
+    labels = buffer.get()
+    train_loss, val_loss, _ = dot.validate_reward_model(dot.label_step_rewards(ensemble, labels, "position"), labels, 0.1)
+    for name, value in ensemble.state_dict().items():  # validating changes nothing, the reward normalisation included
+        assert torch.equal(value, before[name]), name
     # the same losses computed here from each member's predicted segment returns
     returns = dot.segment_returns(ensemble, buffer.get(), "position").detach().numpy()  # (members, labels, 2)
     p_left = 0.9 / (1 + np.exp(returns[..., 1] - returns[..., 0])) + 0.05
@@ -318,6 +326,7 @@ def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     assert "eval: 1 episodes of MovingDot-v0: true return" in evaluation.stdout
 
 
+@pytest.mark.slow
 def test_pixel_run_scores_frames_with_a_cnn_reward_model(tmp_path):
     result = run_dot(tmp_path, TINY + " --observation pixels --save-model")
     assert result.returncode == 0, result.stderr
@@ -335,6 +344,7 @@ def test_pixel_run_scores_frames_with_a_cnn_reward_model(tmp_path):
     assert rewards.shape == (3, 30, 2, 5) and torch.isfinite(rewards).all() and rewards.std() > 0
 
 
+@pytest.mark.slow
 def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     result = run_dot(tmp_path, TINY + " --feedback true-reward --capture-video")
     assert result.returncode == 0, result.stderr
@@ -347,6 +357,7 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     assert len(frames) == 101 and frames[0].shape == (210, 160, 3) and frames[0].max() == 255  # the dot is drawn
 
 
+@pytest.mark.slow
 def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(tmp_path):
     database = tmp_path / "prefs.sqlite"
     args = TINY.replace("--total-timesteps 1536", "--total-timesteps 2048") + f" --offline --preference-db {database}"
@@ -368,6 +379,7 @@ def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(
     assert dot.PreferenceDatabase(str(database)).count(5) == 30  # nothing labelled twice
 
 
+@pytest.mark.slow
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
     server = label_server()
     args = TINY + f" --feedback human --label-server {server.url} --pretrain-fraction 0.5 --save-model"
@@ -394,11 +406,14 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     rng = np.random.default_rng(0)
     rollout = coded_rollout(rng)
     left, right = dot.sample_segments(rng, rollout, 6, 3), dot.sample_segments(rng, rollout, 6, 3)
-    teacher = dot.HumanTeacher("http://127.0.0.1:9", None, "exp", "Which?")
+    run_dir = tmp_path / "exp"  # the run folder's name is the experiment's name on the label server
+    run_dir.mkdir()
+    teacher = dot.HumanTeacher(str(run_dir), "http://127.0.0.1:9", None, "Which?")
     teacher.ask(left, right)
-    teacher.save(str(tmp_path / "pending.npz"))
-    resumed = dot.HumanTeacher("http://127.0.0.1:9", None, "exp", "Which?")
-    resumed.load(str(tmp_path / "pending.npz"))
+    teacher.save()
+    assert (run_dir / "pending_pairs.npz").exists()
+    resumed = dot.HumanTeacher(str(run_dir), "http://127.0.0.1:9", None, "Which?")
+    resumed.load()
     assert resumed.pending == 3 and resumed.queued == ["exp-000000", "exp-000001", "exp-000002"]
     for i, pair_id in enumerate(resumed.queued):
         for key in dot.SEGMENT_KEYS:
@@ -415,6 +430,33 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
         assert np.abs(np.array(brightest) - position).max() <= 2
 
 
+@pytest.mark.parametrize("kind", ["synthetic", "human"])
+def test_every_teacher_has_the_interface_the_training_loop_uses(tmp_path, kind):
+    """The loop never asks which teacher it has: start, ask, poll, pending, wait_for_answers, save, load, close."""
+    rng = np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    left, right = dot.sample_segments(rng, rollout, 6, 3), dot.sample_segments(rng, rollout, 6, 3)
+    if kind == "synthetic":
+        teacher = dot.SyntheticTeacher(rng)
+    else:  # not started: nothing is sent, so every asked pair stays unanswered
+        teacher = dot.HumanTeacher(str(tmp_path), "http://127.0.0.1:9", None, "Which?")
+    teacher.load()  # a new run: nothing to load
+    assert teacher.pending == 0
+    teacher.ask(left, right)
+    stop = threading.Event()
+    if kind == "synthetic":
+        assert teacher.start() is teacher and teacher.wait_for_answers(stop)  # answers when asked
+        ((got_left, _, mu),) = teacher.poll()
+        np.testing.assert_array_equal(got_left["position"], left["position"])
+        assert teacher.pending == 0 and len(mu) == 3 and teacher.poll() == []
+    else:
+        stop.set()
+        assert not teacher.wait_for_answers(stop)  # stopped while pairs wait for people
+        assert teacher.pending == 3 and teacher.poll() == []
+    teacher.save()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("labels", [1, 2])
 def test_a_budget_of_one_or_two_labels_pretrains_on_at_least_one(tmp_path, labels):
     result = run_dot(tmp_path, TINY.replace("--labels 30", f"--labels {labels}"))
@@ -439,6 +481,7 @@ def test_a_teacher_that_skips_every_pretraining_pair_stops_the_run_with_a_clear_
     assert checkpoint["iteration"] < 2  # the last pretraining rollout is done again on --resume
 
 
+@pytest.mark.slow
 def test_pretraining_pairs_are_random_whatever_the_selection(tmp_path):
     """C17 2.2.4's disagreement of an untrained ensemble is noise: the pairs asked before RL starts are drawn at random
     with --selection variance too (the same seed gives the same pretraining labels), and by disagreement after."""
@@ -468,6 +511,7 @@ def events_since(run_dir, before):
     return scalars(events)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
     out, err = interrupt_run(tmp_path, LONG + " --save-model --checkpoint-every 100000", "step ", SCRIPT, sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
@@ -483,7 +527,7 @@ def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"at step {checkpoint['global_step']} with {held} labels" in resumed.stdout
     settings = dot.Args(**checkpoint["args"])
-    dot.validate_args(settings)
+    dot.fill_runtime_fields(settings)
     schedule = dot.label_schedule(settings)
     assert held < settings.labels == schedule.sum()
     # labels follow the schedule from where they stand: asked only once the schedule has passed them, never early
@@ -501,6 +545,7 @@ def uninterrupted_run(tmp_path_factory):
     return only_run_dir(cwd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_after", ["pretraining: step", "step "])
 def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(tmp_path, uninterrupted_run, stop_after):
     """SIGTERM stops the run at the end of the iteration under way; the checkpoint carries every random generator,
@@ -530,17 +575,29 @@ def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(t
         assert resumed_log[tag] == whole, tag
 
 
+BAD_SETTINGS = [
+    ("--offline --feedback human", "--offline labels its database with the synthetic teacher"),
+    ("--preference-db prefs.sqlite", "--preference-db is the database of --offline"),
+    ("--labels 0", "--labels must be positive"),
+    ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),
+    ("--labels 100000 --total-timesteps 20000", "--labels 100000 is too large for this run"),
+    ("--total-timesteps 8192", "leaves no RL after 8 pretraining rollouts"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_SETTINGS)
+def test_validate_args_rejects_impossible_settings_with_a_message(args, message):
+    settings = tyro.cli(dot.Args, args=args.split())
+    dot.fill_runtime_fields(settings)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        dot.validate_args(settings)
+
+
+# each bad command line, run as a user runs it (a subprocess each: only two in the fast subset)
 @pytest.mark.parametrize(
     "args, message",
-    [
-        ("--offline --feedback human", "--offline labels its database with the synthetic teacher"),
-        ("--preference-db prefs.sqlite", "--preference-db is the database of --offline"),
-        ("--labels 0", "--labels must be positive"),
-        ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),
-        ("--labels 100000 --total-timesteps 20000", "--labels 100000 is too large for this run"),
-        ("--total-timesteps 8192", "leaves no RL after 8 pretraining rollouts"),
-        ("--eval-only", "--eval-only needs --resume"),
-    ],
+    [pytest.param(*case, marks=pytest.mark.slow) for case in BAD_SETTINGS[:-2]]
+    + [BAD_SETTINGS[-2], ("--eval-only", "--eval-only needs --resume")],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_dot(tmp_path, args, timeout=120), message)
@@ -563,6 +620,7 @@ def random_policy_returns(episodes=8):
     return returns
 
 
+@pytest.mark.slow
 def test_the_dot_learns_to_reach_the_centre_from_synthetic_preferences(tmp_path):
     started = time.time()
     result = run_dot(tmp_path, "--total-timesteps 120000 --seed 1", timeout=600)
