@@ -90,8 +90,8 @@ class Args:
     mask_score: bool = True
     """blank the score and other counters in the frames everyone sees (C17 A.2), for the games in SCORE_AREAS"""
     episode_end_signal: bool = False
-    """tell the agent where games end (standard A2C); off by default: C17 A.2 gives no life-loss or episode-end signal,
-    which would tell the agent something about the reward. Applies to both feedback modes."""
+    """tell the agent where games end (standard A2C), in both modes; off: C17 A.2 gives no life-loss or game-end
+    signal, which would tell the agent something about the reward"""
 
     # Preference learning arguments
     feedback: Literal["synthetic", "human", "true-reward"] = "synthetic"
@@ -124,32 +124,22 @@ class Args:
     reward_batch_size: int = 16
     """preference pairs per reward-model gradient step (each pair is 2 x 25 frame stacks)"""
     reward_train_every: int = 64
-    """A2C iterations per reward-model gradient step during RL (C17 trains it in parallel with RL): a thread takes
-    each step while A2C runs this many iterations, and A2C waits for it if it is not done by then. Labels processed per
-    RL step = --reward-batch-size / (this x --num-envs x --num-steps): 16 / (64 x 80) = 1 per 320 steps by default,
-    32x fewer than C17 A.2's about 1 per 10 steps (--reward-train-every 2 would match it). On Pong
-    (benchmark/README.md, one seed each) 64 and 16 both learned, 64 sooner, and at 64 RLHF runs at 0.7-0.8 of the
-    true-reward steps/s on a 2-core CPU (16: 0.6, 8: 0.6)"""
+    """A2C iterations per reward-model gradient step during RL: a thread takes each step while A2C runs this many
+    iterations (C17 trains the reward model in parallel with RL; 2 matches C17 A.2's rate of labels per RL step)"""
     reward_eval_every: int = 50
     """reward-model gradient steps between validation passes (losses, accuracy, L2 adaptation, normalisation)"""
     reward_eval_labels: int = 256
     """labels (most recent) the validation pass scores"""
     reward_dropout: float = 0.5
     """dropout of the reward model's convolutions (C17 A.2: 0.5)"""
-    frozen_reward: Optional[str] = None
-    """a run folder `runs/{run_name}` saved with --save-model: A2C optimises that run's reward model as it was saved,
-    frozen: no labels, no reward training (C17 3.3's offline fitting; a test of whether A2C can climb a fixed learned
-    reward). Needs --feedback synthetic, the default; its teacher is never asked."""
     reward_std: float = 0.05
     """standard deviation of the normalised learned reward given to A2C (C17 A.2: 0.05)"""
     pin_reward_level: bool = True
-    """keep the learned reward's level across reward-model updates: after each update (and validation pass) the
-    rewards of the current rollout keep the mean they had before it. The preference loss leaves the level free and an
-    update moved it by up to 3 standard deviations (benchmark/README.md), which A2C reads as a change of every return"""
+    """keep the learned reward's level across reward-model updates (the preference loss leaves it free): after each
+    update the current rollout's rewards keep the mean they had before it"""
     reward_normalization: Literal["policy", "judged"] = "policy"
-    """over which steps the learned reward gets its zero mean and --reward-std (C17 2.2.1 does not say): the rewards
-    A2C received in the latest --reward-norm-window iterations (as mrahtz's reproduction; keeps the scale when the
-    policy reaches states no labelled clip showed), or the steps of the labelled clips (set at each validation pass)"""
+    """over which steps the learned reward gets zero mean and --reward-std (C17 2.2.1 does not say): the rewards A2C
+    received in the latest --reward-norm-window iterations (as mrahtz's reproduction), or the labelled clips' steps"""
     reward_norm_window: int = 100
     """with --reward-normalization policy: the statistics cover this many latest iterations (x 80 steps by default);
     the window is checkpointed"""
@@ -189,7 +179,7 @@ class Args:
 
 # C17 A.2: the score (and counters that give the reward away) blanked, as (first row, end row, first column, end
 # column) of the 210x160 screen. Each area was found by changing the score bytes of the game's RAM and seeing which
-# pixels change (tests/test_atari.py repeats that check on real frames).
+# pixels change (tests/test_a2c_atari.py repeats that check on real frames).
 SCORE_AREAS = {
     "pong": [(0, 24, 0, 160)],  # both players' scores, above the top wall
     "breakout": [(0, 16, 0, 160)],  # score, lives, player number, above the wall
@@ -303,8 +293,21 @@ def make_env(env_id, idx, capture_video, run_dir, noop_max=30, mask_score=True):
     return thunk
 
 
+def fill_runtime_fields(args: Args) -> None:
+    """Compute the `# to be filled in runtime` fields of Args from the others (before validate_args checks them all;
+    the max(1, ...) only keep settings it refuses from failing here first)."""
+    args.batch_size = args.num_envs * args.num_steps
+    args.num_iterations = args.total_timesteps // max(1, args.batch_size)
+    args.iterations_per_round = args.round_steps // max(1, args.num_steps)
+    # RLHF: the initial policy's steps, rounded up to whole label rounds
+    rlhf = args.feedback != "true-reward"
+    pretrain_rounds = math.ceil(args.pretrain_steps / max(1, args.num_envs * args.round_steps)) if rlhf else 0
+    args.pretrain_iterations = pretrain_rounds * args.iterations_per_round
+
+
 def validate_args(args: Args) -> None:
-    """Reject impossible settings with a message (no traceback) before anything is created."""
+    """Reject impossible settings with a message (no traceback) before anything is created (after
+    fill_runtime_fields)."""
     game = atari_game(args.env)
     if args.mask_score and game not in SCORE_AREAS:
         print(f"warning: no score layout known for '{game}': the score stays visible to the reward model and raters")
@@ -316,24 +319,12 @@ def validate_args(args: Args) -> None:
         raise SystemExit(
             f"error: --round-steps {args.round_steps} must be a positive multiple of --num-steps {args.num_steps}"
         )
-    args.batch_size = args.num_envs * args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
-    args.iterations_per_round = args.round_steps // args.num_steps
-    rlhf = args.feedback != "true-reward"
-    if args.frozen_reward is not None and args.feedback != "synthetic":
-        raise SystemExit(
-            f"error: --frozen-reward takes its reward model from a saved run and asks no labels; "
-            f"it cannot be combined with --feedback {args.feedback}"
-        )
-    labelling = rlhf and args.frozen_reward is None  # RLHF with labels: pretraining rounds, the label schedule
-    pretrain_rounds = math.ceil(args.pretrain_steps / (args.num_envs * args.round_steps)) if labelling else 0
-    args.pretrain_iterations = pretrain_rounds * args.iterations_per_round
     if args.num_iterations <= args.pretrain_iterations:
         raise SystemExit(
             f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations * args.batch_size} "
             f"pretraining steps (--pretrain-steps rounded up to whole label rounds of {args.num_envs} x {args.round_steps})"
         )
-    if not labelling:
+    if args.feedback == "true-reward":
         return
     # RLHF: labels are asked only at the end of whole rounds: a run must reach one after pretraining to spend its budget
     if args.num_iterations < args.pretrain_iterations + args.iterations_per_round:
@@ -523,6 +514,12 @@ class RewardEnsemble(nn.Module):
         averaged = ((raw - self.member_mean.view(shape)) / self.member_std.view(shape)).mean(0)
         return (averaged - self.ensemble_mean) / self.ensemble_std
 
+    @torch.no_grad()
+    def pin_level(self, stacks, before):
+        """Shift the output so that `stacks` (the current rollout) get the mean normalised reward of `before` (theirs
+        before a reward-model update): an update may change what the reward prefers, not its level (--pin-reward-level)."""
+        self.ensemble_mean += (self.normalized_reward(stacks).mean() - before.mean()) * self.ensemble_std
+
 
 class RecentRewardNormalizer:
     """Zero mean and `target_std` over the rewards of the latest `window` rollouts, this one included: the scale A2C
@@ -578,15 +575,16 @@ def new_history(round_steps, num_envs):
     }
 
 
-def record_step(history, h, stacks, game_starts, act, true_reward, done):
-    """Keep step `h` of the round: the agent's frame stacks (envs, 4, 84, 84), whether each shows the first frame of
-    a game, the actions, game score and whether the game ended at this step."""
-    if h == 0:
+def record_step(history, history_index, stacks, game_starts, act, true_reward, done):
+    """Keep step `history_index` of the round: the agent's frame stacks (envs, 4, 84, 84), whether each shows the
+    first frame of a game, the actions, game score and whether the game ended at this step."""
+    k = history_index
+    if k == 0:
         history["frames"][:3] = stacks[:, :3].swapaxes(0, 1)
-    history["frames"][h + 3] = stacks[:, 3]
-    previous = history["first_frame"][h - 1] if h > 0 else 0
-    history["first_frame"][h] = np.where(game_starts & (h > 0), h + 3, previous)
-    history["act"][h], history["true_reward"][h], history["done"][h] = act, true_reward, done
+    history["frames"][k + 3] = stacks[:, 3]
+    previous = history["first_frame"][k - 1] if k > 0 else 0
+    history["first_frame"][k] = np.where(game_starts & (k > 0), k + 3, previous)
+    history["act"][k], history["true_reward"][k], history["done"][k] = act, true_reward, done
 
 
 def segment_places(rng, history, segment_len, count):
@@ -657,19 +655,29 @@ def stack_segments(segments):
     return {k: np.stack([s[k] for s in segments]) for k in segments[0]}
 
 
-# RLHF: the synthetic teacher
+# RLHF: the teachers. Every teacher has SyntheticTeacher's small interface, so the training loop never asks which one
+# it has; make_teacher builds the one --feedback names.
 class SyntheticTeacher:
     """Prefers the segment with more game score (C17 3.1; equal scores are a tie), optionally with the noise of
-    B-Pref's simulated teachers (Lee et al. 2021). Teachers share one interface: ask(left, right) queues pairs; poll()
-    returns the answered ones as (left, right, mu), mu = 1 left better, 0 right better, 0.5 equal (exact ties, or
-    scores within --teacher-equal-margin); pairs the teacher skips are dropped, and the next label round asks for new pairs
-    in their place (the budget counts only labels answered)."""
+    B-Pref's simulated teachers (Lee et al. 2021).
+
+    The interface of every teacher (HumanTeacher's too; a new teacher writes these):
+        start() -> teacher      start any background work; returns the teacher
+        ask(left, right)        queue pairs: left and right are segments (dicts of arrays, one row per pair, SEGMENT_KEYS)
+        poll()                  the answers so far: [(left, right, mu), ...], mu = 1 left better, 0 right better, 0.5
+                                equal (exact ties, or scores within --teacher-equal-margin). Pairs the teacher skips
+                                are dropped, and the next label round asks for new pairs in their place (the budget
+                                counts only labels answered)
+        pending                 pairs asked and not yet handed over by poll(): the label budget counts them as on their way
+        wait_for_answers(stop)  block until every asked pair is answered or `stop` (a threading.Event) is set
+        save(), load()          the unanswered pairs, to and from the run folder (a stopped run asks them again)
+        close()                 stop any background work, saving what a resumed run needs"""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
         self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
         self.answered = []
-        self.pending = 0  # pairs asked but not yet answered (always 0 for a synthetic teacher)
+        self.pending = 0  # answered when asked: always 0
 
     def preferences(self, true_left, true_right):
         """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
@@ -696,22 +704,368 @@ class SyntheticTeacher:
         answered, self.answered = self.answered, []
         return answered
 
+    # the rest of the interface: answered when asked, a synthetic teacher has nothing to start, wait for or save
+    def start(self):
+        return self
 
-# RLHF: the human teacher, through label_server.py (C17 appendix B)
-MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
+    def wait_for_answers(self, stop): ...
+    def save(self): ...
+    def load(self): ...
+    def close(self): ...
+
+
+def make_teacher(args: Args, run_dir, rng):
+    """The teacher --feedback names (synthetic or human): the one place that asks which teacher a run has."""
+    if args.feedback == "human":  # (HumanTeacher: in the Infrastructure block below)
+        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
+        print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
+        return HumanTeacher(
+            args.label_server, args.label_token, experiment, args.instruction, run_dir, args.clip_scale, args.clip_fps
+        )
+    return SyntheticTeacher(
+        rng,
+        args.teacher_beta,
+        args.teacher_gamma,
+        args.teacher_epsilon,
+        args.teacher_skip_threshold,
+        args.teacher_equal_margin,
+    )
+
+
+# RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
 SEGMENT_KEYS = ("frames", "act", "true_reward")
 SEGMENT_DTYPES = {"frames": np.uint8, "act": np.int64, "true_reward": np.float32}
 
 
+class LabelBuffer:
+    """The latest `capacity` preference labels (C17 A.2: 3000), oldest replaced first (`total` still counts them: the
+    budget never asks for a replaced label again). Each member gives each label a Poisson(1) weight, the online form
+    of a bootstrap resample (C17 2.2.3: an ensemble trained on bootstrapped data); the labels its resample leaves out
+    (weight 0, probability 1/e: C17's "1/e of the data held out") are that member's validation set, so each member
+    trains on about 63% distinct labels and validates on the other 37%. Memory is allocated as labels arrive (about
+    400 KB each)."""
+
+    def __init__(self, capacity, segment_len, ensemble_size, rng):
+        self.rng, self.capacity, self.size, self.total = rng, capacity, 0, 0
+        shapes = {"frames": (2, segment_len + 3, 84, 84), "act": (2, segment_len), "true_reward": (2, segment_len)}
+        self.data = {k: np.zeros((capacity,) + shapes[k], SEGMENT_DTYPES[k]) for k in SEGMENT_KEYS}
+        self.data |= {
+            "mu": np.zeros(capacity, np.float32),
+            "is_val": np.zeros((capacity, ensemble_size), bool),
+            "weight": np.zeros((capacity, ensemble_size), np.float32),
+        }
+        self.added = np.zeros(capacity, np.int64)  # when each slot was filled (label number), for recency
+
+    def add(self, left, right, mu, is_val=None, weight=None):
+        """Store labels (a new validation split and bootstrap weights unless given); returns what was stored, in the
+        form `add` takes back (is_val, weight included), for saving."""
+        n, members = len(mu), self.data["is_val"].shape[1]
+        if is_val is None:  # new labels (saved ones are reloaded with the split they had, older versions' included)
+            weight = self.rng.poisson(1.0, (n, members)).astype(np.float32)
+            is_val = weight == 0  # out of bag
+        slots = (self.total + np.arange(n)) % self.capacity
+        for key in SEGMENT_KEYS:
+            self.data[key][slots, 0], self.data[key][slots, 1] = left[key], right[key]
+        self.data["mu"][slots], self.data["is_val"][slots], self.data["weight"][slots] = mu, is_val, weight
+        self.added[slots] = self.total + np.arange(n)
+        self.total += n
+        self.size = min(self.total, self.capacity)
+        return {"left": left, "right": right, "mu": mu, "is_val": is_val, "weight": weight}
+
+    def get(self, idx):
+        """The labels at slots `idx` as numpy arrays: `frames` (n, 2, L + 3, 84, 84), `act` (n, 2, L), ..."""
+        return {k: v[idx] for k, v in self.data.items()}
+
+    def latest(self, count):
+        """Slots of the `count` most recent labels."""
+        return np.argsort(-self.added[: self.size], kind="stable")[:count]
+
+    def sample(self, rng, batch_size):
+        """A minibatch: `batch_size` labels drawn with replacement (fewer if it holds fewer), copied out (get)."""
+        return self.get(rng.integers(0, self.size, min(batch_size, self.size)))
+
+
+def save_labels(folder, stored):
+    """One file per batch of new labels (labels/{labels so far}.npz): a stopped run loses nothing, and no save
+    rewrites the whole buffer."""
+    os.makedirs(folder, exist_ok=True)
+    flat = {f"{side}_{k}": stored[side][k] for side in ("left", "right") for k in SEGMENT_KEYS}
+    flat |= {k: stored[k] for k in ("mu", "is_val", "weight")}
+    path = f"{folder}/{stored['end']:07d}.npz"
+    np.savez_compressed(path + ".tmp.npz", **flat)
+    os.replace(path + ".tmp.npz", path)
+
+
+def load_labels(folder, buffer):
+    """Every saved batch, in order, into the buffer (which keeps the latest `capacity`)."""
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".npz") and not name.endswith(".tmp.npz"):
+            with np.load(os.path.join(folder, name)) as saved:
+                left, right = ({k: saved[f"{side}_{k}"] for k in SEGMENT_KEYS} for side in ("left", "right"))
+                buffer.add(left, right, saved["mu"], saved["is_val"], saved["weight"])
+
+
+def query_labels(args: Args, rng, teacher, buffer, ensemble, history, labels_wanted, selection, labels_dir):
+    """A label round: ask the teacher for the pairs that `labels_wanted` (the schedule's total so far) still lacks,
+    chosen from the round's steps by `selection` (C17 2.2.4), then store the answers it has. Labels held or on their way
+    count: a resumed round asks nothing twice, and pairs the teacher skipped are replaced."""
+    to_ask = labels_wanted - buffer.total - teacher.pending
+    if to_ask > 0:
+        left, right = select_pairs(rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, selection)
+        teacher.ask(left, right)
+    store_answers(teacher, buffer, labels_dir)
+
+
+def store_answers(teacher, buffer, labels_dir):
+    """The teacher's answers so far into the label buffer, each batch saved as it arrives, and the teacher's
+    unanswered pairs saved in step with them."""
+    for left, right, mu in teacher.poll():
+        stored = buffer.add(left, right, mu)
+        save_labels(labels_dir, stored | {"end": buffer.total})
+    teacher.save()
+
+
+# why a run stops when the teacher answered none of the pairs from the initial policy (RL needs a fitted reward model)
+NO_PRETRAINING_LABEL = (
+    "error: no label to pretrain the reward model on: the teacher answered none of the pairs from the initial policy "
+    "(the synthetic teacher skips pairs whose returns are both below --teacher-skip-threshold {threshold:g}; people's "
+    "'can't tell' is no label). Start again with a lower --teacher-skip-threshold or more --pretrain-steps, or label the "
+    "new pairs a resumed run asks (--resume {run_dir}, for a run started with --save-model)"
+)
+
+
+# RLHF: training the reward model (C17 2.2.3): the preference loss with each member's bootstrap weights, the adaptive
+# L2, validation on the labels each member's resample left out; during RL in a thread of its own (RewardModel)
+def reward_gradient_step(ensemble, optimizer, batch, l2_coef, label_noise):
+    """One Adam step on a minibatch of labels (from LabelBuffer.sample); each member's loss uses its own bootstrap
+    weights."""
+    ensemble.train()  # batch norm on the batch's statistics, dropout on
+    returns = segment_returns(ensemble, batch)  # (members, batch, 2)
+    mu = torch.as_tensor(batch["mu"], device=ensemble.device)
+    losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
+    weight = torch.as_tensor(batch["weight"], device=ensemble.device).T  # (members, batch)
+    member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+    loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    ensemble.eval()
+
+
+def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
+    """`steps` gradient steps, each on a minibatch drawn at random from the buffer."""
+    for _ in range(steps if buffer.size else 0):
+        reward_gradient_step(ensemble, optimizer, buffer.sample(rng, batch_size), l2_coef, label_noise)
+
+
+@torch.no_grad()
+def validate_reward_model(ensemble, labels, label_noise, chunk=32):
+    """The ensemble on `labels` (from LabelBuffer.get, at least one; changes nothing): each member's training loss
+    (weighted by its bootstrap weights: the loss it trains on) and validation loss (on the labels its resample left
+    out), the share of held-out strict preferences each member orders correctly (averaged over members), and each
+    member's raw reward for every step of these labels (size, n, 2, L), from which fit_normalization can be set."""
+    step_rewards = torch.cat(  # in chunks: every step's frame stack of every label at once would take gigabytes
+        [segment_rewards(ensemble, labels["frames"][i : i + chunk]) for i in range(0, len(labels["mu"]), chunk)], 1
+    )
+    returns = step_rewards.sum(-1)
+    mu = torch.as_tensor(labels["mu"], device=ensemble.device)
+    losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
+    is_val = torch.as_tensor(labels["is_val"], device=ensemble.device).T.float()
+    weight = torch.as_tensor(labels["weight"], device=ensemble.device).T  # (members, labels)
+    # the loss each member trains on (reward_gradient_step): the adaptive L2 compares its validation loss with this one
+    train_loss = (losses * weight).sum(1) / weight.sum(1)  # NaN for a member with no weighted label here
+    val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
+    correct = ((returns[..., 0] > returns[..., 1]).float() == mu).float()
+    judged = is_val * (mu != 0.5).float()  # "equal" answers have no right order
+    val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
+    return train_loss, val_loss, val_accuracy, step_rewards
+
+
+def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
+    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN loss, no
+    held-out or no weighted label yet, leaves the coefficient as it is)."""
+    ratio = val_loss / train_loss.clamp(min=1e-8)
+    return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
+
+
+class RewardModel:
+    """The learned reward: two copies of the RewardEnsemble and their training. `training_ensemble` trains: before RL
+    on the pretraining labels (pretrain), during RL one gradient step at a time in a thread of its own (train_step), as
+    C17 2.2 fits the reward model in parallel with RL. `policy_ensemble` gives A2C its reward and scores candidate pairs;
+    it takes the trained weights each time the thread's step is done. The steps are those of taking turns (runs stay
+    reproducible), and A2C's reward is one step behind; on a CPU the thread uses the core that A2C leaves idle."""
+
+    def __init__(self, args: Args, device):
+        self.args = args
+        self.policy_ensemble = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
+        self.training_ensemble = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
+        self.training_ensemble.load_state_dict(self.policy_ensemble.state_dict())
+        # the thread's dropout draws from a random stream of its own: drawn from the global torch generator, which A2C's
+        # actions use, it would take numbers in an order that changes from run to run. Its seed comes from the run's.
+        dropout_seed = int(np.random.SeedSequence(args.seed).spawn(1)[0].generate_state(1, np.uint64)[0])
+        self.dropout_generator = torch.Generator(device).manual_seed(dropout_seed)
+        for module in self.training_ensemble.modules():
+            if isinstance(module, ByteDropout):
+                module.generator = self.dropout_generator
+        self.optimizer = optim.Adam(self.training_ensemble.parameters(), lr=args.reward_lr)
+        self.l2_coef = torch.full((args.ensemble_size,), 1e-4, device=device)
+        self.gradient_steps = 0  # taken during RL: every --reward-eval-every, a validation pass
+        # the latest validation pass's figures (see validate_reward_model)
+        self.train_loss = self.val_loss = torch.full((args.ensemble_size,), math.nan)
+        self.val_accuracy = math.nan
+        self.thread = ThreadPoolExecutor(1, "reward-training")
+        self.job = None  # the thread's latest step (a Future)
+
+    def pretrain(self, buffer, rng, stop):
+        """C17 A.2: --pretrain-epochs epochs on the pretraining labels before RL starts, then A2C's copy takes the
+        weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10. Returns
+        whether it finished (a stop request ends it after the epoch in progress)."""
+        args = self.args
+        epoch_steps, start = math.ceil(buffer.size / args.reward_batch_size), time.time()
+        for epoch in range(1, args.pretrain_epochs + 1):
+            if stop.is_set():
+                return False
+            train_reward_model(
+                self.training_ensemble,
+                self.optimizer,
+                buffer,
+                self.l2_coef,
+                epoch_steps,
+                args.reward_batch_size,
+                args.label_noise,
+                rng,
+            )
+            elapsed = time.time() - start
+            line = (
+                f"pretraining the reward model: epoch {epoch}/{args.pretrain_epochs} ({elapsed:.0f} s, "
+                f"about {elapsed / epoch * (args.pretrain_epochs - epoch):.0f} s left)"
+            )
+            if epoch % 10 == 0 or epoch == args.pretrain_epochs:
+                self.adapt_l2_to(self.validate_and_renormalize(buffer.get(buffer.latest(args.reward_eval_labels))))
+                line += (
+                    f", val accuracy {self.val_accuracy:.2f}, train loss {self.train_loss.nanmean():.3f}, "
+                    f"val loss {self.val_loss.nanmean():.3f}"
+                )
+            print(line)
+        self.policy_ensemble.load_state_dict(self.training_ensemble.state_dict())
+        return True
+
+    def train_step(self, buffer, rng, rollout_obs):
+        """During RL, every --reward-train-every iterations: A2C's copy takes the weights of the thread's finished step
+        (with --pin-reward-level, the rollout `rollout_obs` keeps its mean reward), and the thread starts the next
+        step, followed every --reward-eval-every steps by a validation pass on the latest labels. Its labels are copied
+        out of the buffer now: the thread never reads the buffer, which label rounds write to."""
+        args = self.args
+        if self.job is not None:
+            validation = self.job.result()  # waits for the step to end (and raises its error, if any)
+            if validation is not None:
+                self.adapt_l2_to(validation)
+            before = self.policy_ensemble.normalized_reward(rollout_obs) if args.pin_reward_level else None
+            self.policy_ensemble.load_state_dict(self.training_ensemble.state_dict())
+            if args.pin_reward_level:
+                self.policy_ensemble.pin_level(rollout_obs, before)
+        self.gradient_steps += 1
+        batch = buffer.sample(rng, args.reward_batch_size)
+        held_out = None
+        if self.gradient_steps % args.reward_eval_every == 0:
+            held_out = buffer.get(buffer.latest(args.reward_eval_labels))
+        self.job = self.thread.submit(self._thread_step, batch, self.l2_coef, held_out)
+
+    def _thread_step(self, batch, l2_coef, held_out):
+        reward_gradient_step(self.training_ensemble, self.optimizer, batch, l2_coef, self.args.label_noise)
+        return None if held_out is None else self.validate_and_renormalize(held_out)
+
+    def validate_and_renormalize(self, labels):
+        """validate_reward_model's figures for the training copy on `labels`; and its reward normalisation refit on
+        their steps (C17 2.2.1: zero mean and --reward-std over the judged steps; A2C's copy takes it with the weights)."""
+        train_loss, val_loss, val_accuracy, step_rewards = validate_reward_model(
+            self.training_ensemble, labels, self.args.label_noise
+        )
+        self.training_ensemble.fit_normalization(step_rewards.reshape(self.training_ensemble.size, -1), self.args.reward_std)
+        return train_loss, val_loss, val_accuracy
+
+    def adapt_l2_to(self, validation):
+        """Adapt the L2 coefficients to a validation pass's figures (C17 2.2.3), and keep those for the log."""
+        self.train_loss, self.val_loss, self.val_accuracy = validation
+        self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
+
+    def close(self):
+        self.thread.shutdown()  # after the step in progress, if any
+
+    # --- Infrastructure: checkpoint (the keys of older versions, "reward_fitting" being the training copy) ---
+    def state_dict(self):
+        if self.job is not None:
+            wait([self.job])  # the step in progress (its error, if any, is raised where RL waits for it)
+        step_done = self.job is not None and self.job.exception() is None  # A2C takes its weights at the next one
+        return {
+            "reward_ensemble": self.policy_ensemble.state_dict(),
+            "reward_fitting": self.training_ensemble.state_dict(),
+            "reward_optimizer": self.optimizer.state_dict(),
+            "l2_coef": self.l2_coef,
+            "reward_steps": self.gradient_steps,
+            "reward_step_done": (self.job.result(),) if step_done else None,
+            "reward_losses": (self.train_loss, self.val_loss, self.val_accuracy),
+        }
+
+    def load_state_dict(self, checkpoint, device):
+        """From a checkpoint; those of older versions have no training counters: they restart."""
+        self.policy_ensemble.load_state_dict(checkpoint["reward_ensemble"])
+        self.training_ensemble.load_state_dict(checkpoint.get("reward_fitting") or checkpoint["reward_ensemble"])
+        self.optimizer.load_state_dict(checkpoint["reward_optimizer"])
+        self.l2_coef = checkpoint["l2_coef"].to(device)
+        if "reward_steps" in checkpoint:
+            self.gradient_steps = checkpoint["reward_steps"]
+            self.train_loss, self.val_loss, self.val_accuracy = checkpoint["reward_losses"]
+            if checkpoint["reward_step_done"] is not None:  # the step the run took last: A2C takes it as it would have
+                validation = checkpoint["reward_step_done"][0]
+                if validation is not None:  # the losses were saved from the device; adapt_l2 uses them there
+                    validation = (validation[0].to(device), validation[1].to(device), validation[2])
+                self.job = Future()
+                self.job.set_result(validation)
+        dropout_state = (checkpoint.get("random_states") or {}).get("reward_dropout")
+        if dropout_state is not None:
+            self.dropout_generator.set_state(dropout_state)
+
+
+# Evaluation of a saved agent
+def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=True):
+    """Game scores of the saved agent (sampling its actions: a greedy Atari policy can stall)."""
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    env = make_env(env_id, 0, False, None, noop_max, mask_score)()
+    agent = Agent(env.action_space.n)
+    agent.load_state_dict(checkpoint["agent"])
+    torch.manual_seed(seed)
+    scores = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done = False
+        while not done:
+            with torch.no_grad():
+                action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs[None]))
+            obs, _, terminated, truncated, info = env.step(action.item())
+            done = terminated or truncated
+        scores.append(float(info["episode"]["r"]))
+    env.close()
+    return scores
+
+
+# =====================================================================================================================
+# Infrastructure: the human teacher (C17 appendix B): clips made from the stored frames, sent to label_server.py, the
+# answers fetched, the unanswered pairs saved with the run. Readers of the synthetic path can skip this block.
+# =====================================================================================================================
+MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
+
+
 class HumanTeacher:
-    """People answer in a browser, through label_server.py. Same interface as SyntheticTeacher. ask() only queues;
+    """People answer in a browser, through label_server.py. SyntheticTeacher's interface. ask() only queues;
     a background thread turns each segment's stored frames into a clip (enlarged, score blanked as the reward model
     sees it), uploads it, posts the pair and polls for answers, retrying with backoff while the server is down, so
-    training goes on while people label (C17 2.2: asynchronous). Pairs not yet answered are saved with the run
-    (save/load) and asked again when it resumes."""
+    training goes on while people label (C17 2.2: asynchronous). Pairs not yet answered are saved in the run folder
+    ({run_dir}/pending_pairs.npz: save/load) and asked again when the run resumes."""
 
-    def __init__(self, server, token, experiment, instruction, clip_scale=4, clip_fps=15, poll_interval=2.0):
+    def __init__(self, server, token, experiment, instruction, run_dir, clip_scale=4, clip_fps=15, poll_interval=2.0):
         self.server, self.token, self.experiment = server.rstrip("/"), token, experiment
+        self.pending_path = os.path.join(run_dir, "pending_pairs.npz")
         self.instruction, self.clip_scale, self.clip_fps, self.poll_interval = instruction, clip_scale, clip_fps, poll_interval
         self.lock = threading.Lock()
         self.queued = []  # pair ids still to encode, upload and post
@@ -761,16 +1115,16 @@ class HumanTeacher:
         lefts, rights, mus = zip(*batches)
         return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
 
-    def wait_for_all(self, progress_every=10.0):
-        """Block until every asked pair is answered (the pretraining labels RL cannot start without)."""
+    def wait_for_answers(self, stop, progress_every=10.0):
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without) or `stop` is set."""
         last = 0.0
-        while self.unanswered and self.failure is None:
+        while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
                 print(
                     f"waiting for {self.unanswered} labels: label them at {self.server}/ ({len(self.queued)} pairs still to upload)"
                 )
                 last = time.time()
-            time.sleep(0.5)
+            stop.wait(0.5)
 
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
@@ -859,11 +1213,16 @@ class HumanTeacher:
         return self
 
     def close(self):
+        """Stop the thread and save the unanswered pairs."""
         self.stop.set()
         self.thread.join(timeout=60)
+        self.save()
+        print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
 
     # --- persistence: asked but unanswered pairs survive a stopped run ---
-    def save(self, path):
+    def save(self):
+        """The unanswered pairs, in step with the saved labels (the answers those hold are not fetched again)."""
+        path = self.pending_path
         with self.lock:
             ids = list(self.waiting)
             state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
@@ -874,9 +1233,11 @@ class HumanTeacher:
         np.savez_compressed(path + ".tmp.npz", **state)
         os.replace(path + ".tmp.npz", path)
 
-    def load(self, path):
-        """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless)."""
-        with np.load(path) as state:
+    def load(self):
+        """Asked-but-unanswered pairs of a stopped run, if any: asked again (re-posting a pair is harmless)."""
+        if not os.path.exists(self.pending_path):
+            return
+        with np.load(self.pending_path) as state:
             self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
             self.received_seq = self.consumed_seq
             for n, pair_id in enumerate(state["pair_ids"]):
@@ -885,191 +1246,107 @@ class HumanTeacher:
                 self.queued.append(str(pair_id))
 
 
-# RLHF: the labels, with each member's validation split and bootstrap weights (C17 2.2.3)
-class LabelBuffer:
-    """The latest `capacity` preference labels (C17 A.2: 3000), oldest replaced first (`total` still counts them: the
-    budget never asks for a replaced label again). Each member gives each label a Poisson(1) weight, the online form
-    of a bootstrap resample (C17 2.2.3: an ensemble trained on bootstrapped data); the labels its resample leaves out
-    (weight 0, probability 1/e: C17's "1/e of the data held out") are that member's validation set, so each member
-    trains on about 63% distinct labels and validates on the other 37%. Memory is allocated as labels arrive (about
-    400 KB each)."""
+# =====================================================================================================================
+# Infrastructure: stopping, checkpoints and resuming. Ctrl-C or SIGTERM stop a run at the end of an iteration, with
+# its checkpoint (--save-model); --resume continues it from the start of the label round it was stopped in.
+# =====================================================================================================================
+def stop_on_signals():
+    """A threading.Event that Ctrl-C (SIGINT) or SIGTERM (`kill`, `timeout`, a cluster's scheduler) set: the training
+    loop stops at the end of the iteration in progress, where everything a resumed run needs is consistent. A second
+    Ctrl-C stops at once (KeyboardInterrupt), without saving."""
+    stop_requested = threading.Event()
 
-    def __init__(self, capacity, segment_len, ensemble_size, rng):
-        self.rng, self.capacity, self.size, self.total = rng, capacity, 0, 0
-        shapes = {"frames": (2, segment_len + 3, 84, 84), "act": (2, segment_len), "true_reward": (2, segment_len)}
-        self.data = {k: np.zeros((capacity,) + shapes[k], SEGMENT_DTYPES[k]) for k in SEGMENT_KEYS}
-        self.data |= {
-            "mu": np.zeros(capacity, np.float32),
-            "is_val": np.zeros((capacity, ensemble_size), bool),
-            "weight": np.zeros((capacity, ensemble_size), np.float32),
-        }
-        self.added = np.zeros(capacity, np.int64)  # when each slot was filled (label number), for recency
+    def request_stop(signum, frame):
+        if stop_requested.is_set():
+            raise KeyboardInterrupt
+        stop_requested.set()
+        # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
+        os.write(
+            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
+        )
 
-    def add(self, left, right, mu, is_val=None, weight=None):
-        """Store labels (a new validation split and bootstrap weights unless given); returns what was stored, in the
-        form `add` takes back (is_val, weight included), for saving."""
-        n, members = len(mu), self.data["is_val"].shape[1]
-        if is_val is None:  # new labels (saved ones are reloaded with the split they had, older versions' included)
-            weight = self.rng.poisson(1.0, (n, members)).astype(np.float32)
-            is_val = weight == 0  # out of bag
-        slots = (self.total + np.arange(n)) % self.capacity
-        for key in SEGMENT_KEYS:
-            self.data[key][slots, 0], self.data[key][slots, 1] = left[key], right[key]
-        self.data["mu"][slots], self.data["is_val"][slots], self.data["weight"][slots] = mu, is_val, weight
-        self.added[slots] = self.total + np.arange(n)
-        self.total += n
-        self.size = min(self.total, self.capacity)
-        return {"left": left, "right": right, "mu": mu, "is_val": is_val, "weight": weight}
-
-    def get(self, idx):
-        """The labels at slots `idx` as numpy arrays: `frames` (n, 2, L + 3, 84, 84), `act` (n, 2, L), ..."""
-        return {k: v[idx] for k, v in self.data.items()}
-
-    def latest(self, count):
-        """Slots of the `count` most recent labels."""
-        return np.argsort(-self.added[: self.size], kind="stable")[:count]
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop_requested
 
 
-def save_labels(folder, stored):
-    """One file per batch of new labels (labels/{labels so far}.npz): a stopped run loses nothing, and no save
-    rewrites the whole buffer."""
-    os.makedirs(folder, exist_ok=True)
-    flat = {f"{side}_{k}": stored[side][k] for side in ("left", "right") for k in SEGMENT_KEYS}
-    flat |= {k: stored[k] for k in ("mu", "is_val", "weight")}
-    path = f"{folder}/{stored['end']:07d}.npz"
-    np.savez_compressed(path + ".tmp.npz", **flat)
-    os.replace(path + ".tmp.npz", path)
+def read_checkpoint(run_dir):
+    path = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: no checkpoint at {path} (was the run started with --save-model?)")
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load_labels(folder, buffer):
-    """Every saved batch, in order, into the buffer (which keeps the latest `capacity`)."""
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith(".npz") and not name.endswith(".tmp.npz"):
-            with np.load(os.path.join(folder, name)) as saved:
-                left, right = ({k: saved[f"{side}_{k}"] for k in SEGMENT_KEYS} for side in ("left", "right"))
-                buffer.add(left, right, saved["mu"], saved["is_val"], saved["weight"])
+def resumed_args(args: Args, checkpoint) -> Args:
+    """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes
+    from this command line."""
+    saved = dict(checkpoint["args"])
+    if saved.pop("frozen_reward", None) is not None and not args.eval_only:
+        raise SystemExit(
+            f"error: {args.resume} ran with --frozen-reward, which this version no longer has: continue it with "
+            "rlhf_a2c_atari.py of commit f15fb44"
+        )
+    resume_overrides = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
+    return Args(**{**saved, **resume_overrides})
 
 
-@torch.no_grad()
-def label_step_rewards(ensemble, labels, chunk=32):
-    """Raw step rewards of each member for every step of the labelled segments: (size, n, 2, L), in chunks."""
-    if len(labels["mu"]) == 0:
-        return torch.zeros((ensemble.size, 0, *labels["act"].shape[1:]), device=ensemble.device)
-    return torch.cat(
-        [segment_rewards(ensemble, labels["frames"][i : i + chunk]) for i in range(0, len(labels["mu"]), chunk)],
-        1,
-    )
+def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_model=None, policy_normalizer=None):
+    """Everything needed to evaluate the agent or resume the run after `iteration` (exactly as if it had never stopped
+    when that ends a label round, but for the games' state), written atomically: a run killed while saving keeps the
+    old checkpoint."""
+    state = {
+        "args": vars(args),
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "reward_ensemble": None,  # (a true-reward run)
+        "global_step": global_step,
+        "iteration": iteration,
+    }
+    if reward_model is not None:
+        state |= reward_model.state_dict()  # after the reward thread's step in progress
+        state["policy_rewards"] = list(policy_normalizer.recent)
+    # every random stream, so that a resumed run draws what the run would have drawn
+    state["random_states"] = {
+        "numpy": rng.bit_generator.state,  # pairs, teacher, validation splits, bootstrap weights, batches
+        "numpy_global": np.random.get_state(),
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),  # A2C's actions
+        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "reward_dropout": reward_model.dropout_generator.get_state() if reward_model is not None else None,
+    }
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
-def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
-    """`steps` Adam steps on random minibatches of labels."""
-    for _ in range(steps if buffer.size else 0):
-        reward_step(ensemble, optimizer, random_batch(buffer, batch_size, rng), l2_coef, label_noise)
-
-
-def random_batch(buffer, batch_size, rng):
-    """`batch_size` labels drawn with replacement from the buffer (all it holds if fewer), copied out of it."""
-    return buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
-
-
-def reward_step(ensemble, optimizer, batch, l2_coef, label_noise):
-    """One Adam step on a minibatch of labels (from LabelBuffer.get); each member's loss uses its own bootstrap
-    weights."""
-    ensemble.train()  # batch norm on the batch's statistics, dropout on
-    returns = segment_returns(ensemble, batch)  # (members, batch, 2)
-    mu = torch.as_tensor(batch["mu"], device=ensemble.device)
-    losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
-    weight = torch.as_tensor(batch["weight"], device=ensemble.device).T  # (members, batch)
-    member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-    loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    ensemble.eval()
-
-
-def fit_step(ensemble, optimizer, batch, l2_coef, label_noise, held_out, target_std):
-    """What the reward thread does each time: one reward_step, then, if `held_out` labels are given, the validation
-    pass on them (score_labels)."""
-    reward_step(ensemble, optimizer, batch, l2_coef, label_noise)
-    return None if held_out is None else score_labels(ensemble, held_out, label_noise, target_std)
-
-
-def evaluate_reward_model(ensemble, buffer, count, label_noise, target_std):
-    """On the `count` most recent labels: each member's training loss (weighted by its bootstrap weights: the loss
-    it trains on) and validation loss (on the labels its resample left out), and the share of held-out strict
-    preferences each member orders correctly (averaged over members). Also refits the reward normalisation on the
-    steps of those labels."""
-    return score_labels(ensemble, buffer.get(buffer.latest(count)), label_noise, target_std)
-
-
-@torch.no_grad()
-def score_labels(ensemble, labels, label_noise, target_std):
-    """evaluate_reward_model on given labels (from LabelBuffer.get)."""
-    step_rewards = label_step_rewards(ensemble, labels)  # (members, labels, 2, L)
-    returns = step_rewards.sum(-1)
-    mu = torch.as_tensor(labels["mu"], device=ensemble.device)
-    losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
-    is_val = torch.as_tensor(labels["is_val"], device=ensemble.device).T.float()
-    weight = torch.as_tensor(labels["weight"], device=ensemble.device).T  # (members, labels)
-    # the loss each member trains on (reward_step): the adaptive L2 compares its validation loss with this one
-    train_loss = (losses * weight).sum(1) / weight.sum(1)  # NaN for a member with no weighted label here
-    val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
-    correct = ((returns[..., 0] > returns[..., 1]).float() == mu).float()
-    judged = is_val * (mu != 0.5).float()  # "equal" answers have no right order
-    val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
-    ensemble.fit_normalization(step_rewards.reshape(ensemble.size, -1), target_std)
-    return train_loss, val_loss, val_accuracy
-
-
-@torch.no_grad()
-def pin_level(ensemble, stacks, before):
-    """Shift the ensemble's output so that `stacks` (the current rollout) get the same mean normalised reward as
-    `before` (theirs before a reward-model update): the update may change what the reward prefers, not its level."""
-    ensemble.ensemble_mean += (ensemble.normalized_reward(stacks).mean() - before.mean()) * ensemble.ensemble_std
-
-
-def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
-    """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN loss, no
-    held-out or no weighted label yet, leaves the coefficient as it is)."""
-    ratio = val_loss / train_loss.clamp(min=1e-8)
-    return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
-
-
-# Evaluation of a saved agent
-def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=True):
-    """Game scores of the saved agent (sampling its actions: a greedy Atari policy can stall)."""
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-    env = make_env(env_id, 0, False, None, noop_max, mask_score)()
-    agent = Agent(env.action_space.n)
+def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_model, policy_normalizer, device):
+    """--resume: the networks, optimisers, the reward model's training and every random stream as the run saved them
+    (older checkpoints have no random streams: theirs restart from the seed). Returns the iteration to start at, the
+    first of the label round the run stopped in (a round's steps are its label pool). The games restart (the emulators'
+    state is not saved), and a checkpoint written mid-round redoes that round's start with the later state."""
     agent.load_state_dict(checkpoint["agent"])
-    torch.manual_seed(seed)
-    scores = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done = False
-        while not done:
-            with torch.no_grad():
-                action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs[None]))
-            obs, _, terminated, truncated, info = env.step(action.item())
-            done = terminated or truncated
-        scores.append(float(info["episode"]["r"]))
-    env.close()
-    return scores
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if reward_model is not None:
+        reward_model.load_state_dict(checkpoint, device)
+        policy_normalizer.recent.extend(checkpoint.get("policy_rewards", []))
+    random_states = checkpoint.get("random_states") or {}
+    if "numpy" in random_states:
+        rng.bit_generator.state = random_states["numpy"]
+        np.random.set_state(random_states["numpy_global"])
+        random.setstate(random_states["python"])
+        torch.set_rng_state(random_states["torch"])
+        if random_states["torch_cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(random_states["torch_cuda"])
+    return checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = None
-    if args.resume:
-        checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
-        if not os.path.isfile(checkpoint_path):
-            raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        # a resumed run keeps its own settings; only what to do with it comes from this command line
-        keep = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
-        args = Args(**{**checkpoint["args"], **keep})
+    if args.resume:  # Infrastructure: continue a stopped run, or evaluate it
+        checkpoint = read_checkpoint(args.resume)
+        args = resumed_args(args, checkpoint)
         if args.eval_only:
+            checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
             scores = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed, args.noop_max, args.mask_score)
             print(f"eval: {len(scores)} games of {args.env}: score {np.mean(scores):.1f} +- {np.std(scores):.1f}")
             sys.exit(0)
@@ -1078,18 +1355,9 @@ if __name__ == "__main__":
         raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
     else:
         run_dir = f"runs/{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    fill_runtime_fields(args)
     validate_args(args)
     rlhf = args.feedback != "true-reward"
-    frozen = args.frozen_reward is not None  # RLHF on a saved run's reward model, unchanged (see Args)
-    if frozen and checkpoint is None:
-        source_path = os.path.join(args.frozen_reward, "checkpoint.pt")
-        if not os.path.isfile(source_path):
-            raise SystemExit(f"error: no checkpoint at {source_path} (--frozen-reward needs a run saved with --save-model)")
-        source = torch.load(source_path, map_location="cpu", weights_only=False)
-        if source.get("reward_ensemble") is None:
-            raise SystemExit(f"error: {source_path} has no reward model (a --feedback true-reward run)")
-        # the ensemble is rebuilt as that run built it
-        args.ensemble_size, args.reward_dropout = source["args"]["ensemble_size"], source["args"]["reward_dropout"]
     os.makedirs(run_dir, exist_ok=True)
     writer = SummaryWriter(run_dir)
     writer.add_text(
@@ -1117,86 +1385,24 @@ if __name__ == "__main__":
     agent = Agent(num_actions).to(device)
     optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
-    # RLHF: reward ensemble, labels and teacher
-    ensemble = fitting = fitting_rng = reward_optimizer = buffer = teacher = None
-    l2_coef = torch.full((args.ensemble_size,), 1e-4, device=device)
-    schedule = label_schedule(args) if rlhf and not frozen else None
+    # RLHF: the reward model, the labels, the teacher and the label schedule
+    reward_model = buffer = teacher = schedule = None
     labels_dir = f"{run_dir}/labels"
-    pending_path = f"{run_dir}/pending_pairs.npz"  # RLHF, human feedback: pairs asked but not yet answered
+    policy_normalizer = RecentRewardNormalizer(args.reward_norm_window, args.reward_std)  # --reward-normalization policy
     if rlhf:
-        # two copies of the reward model: `ensemble` gives A2C its rewards and scores candidate pairs, `fitting`
-        # trains, in a thread of its own during RL (see "the reward model keeps training" below)
-        ensemble = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
-        fitting = RewardEnsemble(args.ensemble_size, args.reward_dropout).to(device).eval()
-        fitting.load_state_dict(ensemble.state_dict())
-        # its dropout's own random stream, with a seed of its own (not the global torch generator's) drawn from the run's
-        dropout_seed = int(np.random.SeedSequence(args.seed).spawn(1)[0].generate_state(1, np.uint64)[0])
-        fitting_rng = torch.Generator(device).manual_seed(dropout_seed)
-        for module in fitting.modules():
-            if isinstance(module, ByteDropout):
-                module.generator = fitting_rng
-        reward_optimizer = optim.Adam(fitting.parameters(), lr=args.reward_lr)
+        reward_model = RewardModel(args, device)
         buffer = LabelBuffer(args.label_buffer, args.segment_len, args.ensemble_size, rng)
-    if frozen and checkpoint is None:
-        ensemble.load_state_dict(source["reward_ensemble"])  # the model that run's A2C used last
-        # its normalisation dates from that run's last validation pass, and the members kept training after it:
-        # refit it on the run's latest labels, as a validation pass at the checkpoint would have
-        latest = LabelBuffer(args.reward_eval_labels, source["args"]["segment_len"], args.ensemble_size, rng)
-        load_labels(f"{args.frozen_reward}/labels", latest)
-        if latest.size:
-            ensemble.fit_normalization(
-                label_step_rewards(ensemble, latest.get(np.arange(latest.size))).flatten(1), args.reward_std
-            )
-        print(
-            f"frozen reward model of {args.frozen_reward} (saved at step {source['global_step']}; normalisation refit on "
-            f"its latest {latest.size} labels): no labels are asked"
-        )
-    if args.feedback == "synthetic" and not frozen:
-        teacher = SyntheticTeacher(
-            rng,
-            args.teacher_beta,
-            args.teacher_gamma,
-            args.teacher_epsilon,
-            args.teacher_skip_threshold,
-            args.teacher_equal_margin,
-        )
-    elif args.feedback == "human":
-        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
-        teacher = HumanTeacher(
-            args.label_server, args.label_token, experiment, args.instruction, args.clip_scale, args.clip_fps
-        )
-        print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
+        teacher = make_teacher(args, run_dir, rng)
+        schedule = label_schedule(args)
 
     start_iteration, global_step = 1, 0
     checkpoint_path = f"{run_dir}/checkpoint.pt"
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        if rlhf:
-            ensemble.load_state_dict(checkpoint["reward_ensemble"])
-            fitting.load_state_dict(checkpoint.get("reward_fitting") or checkpoint["reward_ensemble"])
-            reward_optimizer.load_state_dict(checkpoint["reward_optimizer"])
-            l2_coef = checkpoint["l2_coef"].to(device)
-            load_labels(labels_dir, buffer)
-            if args.feedback == "human" and os.path.exists(pending_path):
-                teacher.load(pending_path)
-        # a run resumes at the start of the label round it was stopped in (a round's steps are its label pool)
-        start_iteration = checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
+    if checkpoint is not None:  # Infrastructure: resume where the run stopped
+        start_iteration = restore_checkpoint(checkpoint, args, agent, optimizer, rng, reward_model, policy_normalizer, device)
         global_step = (start_iteration - 1) * args.batch_size
-        # every random stream goes on where it stopped: new labels get new validation splits and bootstrap weights,
-        # new pairs, batches and dropout masks (the games restart: the emulators' state is not saved; a checkpoint
-        # written mid-round, e.g. on Ctrl-C, redoes that round's start with the later state). Checkpoints of
-        # older versions have none: their streams restart from the seed
-        random_states = checkpoint.get("random_states") or {}
-        if "numpy" in random_states:
-            rng.bit_generator.state = random_states["numpy"]
-            np.random.set_state(random_states["numpy_global"])
-            random.setstate(random_states["python"])
-            torch.set_rng_state(random_states["torch"])
-            if random_states["torch_cuda"] is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(random_states["torch_cuda"])
-            if fitting_rng is not None and random_states["reward_dropout"] is not None:
-                fitting_rng.set_state(random_states["reward_dropout"])
+        if rlhf:
+            load_labels(labels_dir, buffer)
+            teacher.load()
         print(f"resumed {run_dir} at step {global_step} with {buffer.total if rlhf else 0} labels")
 
     # ALGO Logic: Storage setup
@@ -1204,298 +1410,180 @@ if __name__ == "__main__":
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long).to(device)
     true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), bool)
-    history = new_history(args.round_steps, args.num_envs) if rlhf else None  # RLHF: segments come from here
+    history = new_history(args.round_steps, args.num_envs) if rlhf else None  # RLHF: the round's steps, for segments
     predicted_episode_return = np.zeros(args.num_envs)
 
-    def save_checkpoint():
-        """Everything needed to evaluate the agent or resume the run after the last completed iteration (exactly as if
-        it had never stopped only at a round's end, and but for the games' state)."""
-        if reward_job is not None:
-            wait([reward_job])  # the reward thread's step in progress (its error, if any, is raised where RL waits)
-        step_done = reward_job is not None and reward_job.exception() is None  # A2C takes its weights at the next one
-        state = {
-            "args": vars(args),
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "reward_ensemble": ensemble.state_dict() if rlhf else None,  # the one A2C uses
-            "reward_fitting": fitting.state_dict() if rlhf and not frozen else None,  # the one that trains
-            "reward_optimizer": reward_optimizer.state_dict() if rlhf else None,
-            "l2_coef": l2_coef,
-            "global_step": completed_step,
-            "iteration": completed,
-            # RLHF: what else decides what comes next: every random stream, the reward-fit counter (when validation
-            # and the L2 adaptation run), the finished step's validation, the latest figures, the policy reward window
-            "random_states": {
-                "numpy": rng.bit_generator.state,  # pairs, teacher, validation splits, bootstrap weights, batches
-                "numpy_global": np.random.get_state(),
-                "python": random.getstate(),
-                "torch": torch.get_rng_state(),  # A2C's actions
-                "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "reward_dropout": fitting_rng.get_state() if fitting_rng is not None else None,
-            },
-            "reward_steps": reward_steps,
-            "reward_step_done": (reward_job.result(),) if step_done else None,
-            "reward_losses": (train_loss, val_loss, val_accuracy),
-            "policy_rewards": list(policy_normalizer.recent),
-        }
-        torch.save(state, checkpoint_path + ".tmp")
-        os.replace(checkpoint_path + ".tmp", checkpoint_path)  # atomic: a run killed while saving keeps the old one
-
-    if args.feedback == "human":
-        teacher.start()
-
     # TRY NOT TO MODIFY: start the game
+    if rlhf:
+        teacher.start()
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs).to(device)
     game_starts = np.ones(args.num_envs, bool)  # RLHF: which environments show the first frame of a game
     recent_returns, recent_predicted = [], []
     learned_z = []  # RLHF: the policy's mean learned reward per step since the last log line (see the log below)
-    policy_normalizer = RecentRewardNormalizer(args.reward_norm_window, args.reward_std)  # RLHF: see Args
-    reward_steps = 0  # RLHF: reward-model gradient steps so far, and the latest validation figures
-    reward_thread = ThreadPoolExecutor(1, "reward-fit") if rlhf and not frozen else None
-    reward_job = None  # RLHF: the reward thread's latest step (a Future)
-    train_loss = val_loss = torch.full((args.ensemble_size,), math.nan)
-    val_accuracy = math.nan
-    if checkpoint is not None and "reward_steps" in checkpoint:  # RLHF: the counters of the stopped run (see above)
-        reward_steps = checkpoint["reward_steps"]
-        train_loss, val_loss, val_accuracy = checkpoint["reward_losses"]
-        policy_normalizer.recent.extend(checkpoint["policy_rewards"])
-        if checkpoint["reward_step_done"] is not None:  # the step the run took last: A2C takes it as it would have
-            validation = checkpoint["reward_step_done"][0]
-            if validation is not None:  # the losses were saved from the device; adapt_l2 uses them there
-                validation = (validation[0].to(device), validation[1].to(device), validation[2])
-            reward_job = Future()
-            reward_job.set_result(validation)
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
-    # `kill`, `timeout` or a cluster's scheduler (SIGTERM) stops the run as Ctrl-C does: the checkpoint is written
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    failure = None  # RLHF: why the run must stop early, if it must (the end-of-run saving still happens)
+    stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C and SIGTERM stop the run at the end of an iteration
 
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if stop_requested.is_set():  # Infrastructure: Ctrl-C or SIGTERM
+            break
+        pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            for step in range(0, args.num_steps):
-                global_step += args.num_envs
-                obs[step] = next_obs
+        for step in range(0, args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
 
-                # ALGO LOGIC: action logic
-                with torch.no_grad():
-                    action, _, _, _ = agent.get_action_and_value(next_obs)
-                actions[step] = action
-
-                # TRY NOT TO MODIFY: execute the game and log data.
-                next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
-                true_rewards[step], dones[step] = reward, terminated | truncated
-                if rlhf:  # RLHF: keep this step for the round's segments
-                    h = (iteration - 1) % args.iterations_per_round * args.num_steps + step
-                    record_step(history, h, obs[step].cpu().numpy(), game_starts, action.cpu().numpy(), reward, dones[step])
-                    game_starts = dones[step]
-                if "final_info" in infos and "episode" in infos["final_info"]:
-                    episodes = infos["final_info"]["episode"]
-                    for i in np.flatnonzero(infos["final_info"]["_episode"]):
-                        recent_returns.append(float(episodes["r"][i]))
-                        writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
-                        writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
-                next_obs = torch.as_tensor(next_obs_np).to(device)
-
-            if rlhf and not frozen and iteration % args.iterations_per_round == 0:
-                # RLHF: a label round: this round's share of the budget (C17 A.2 schedule, 2.2.4 selection)
-                label_round = iteration // args.iterations_per_round - 1
-                # the schedule's total so far, less what is answered or waiting (a resumed round asks nothing twice)
-                to_ask = int(schedule[: label_round + 1].sum()) - buffer.total - teacher.pending
-                if to_ask > 0:
-                    # before RL starts the ensemble is untrained: its disagreement means nothing, so pairs are random
-                    selection = "random" if pretraining else args.selection
-                    left, right = select_pairs(
-                        rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, selection
-                    )
-                    teacher.ask(left, right)
-                if iteration == args.pretrain_iterations and args.feedback == "human":
-                    teacher.wait_for_all()  # people label asynchronously, but RL cannot start without these
-                for left, right, mu in teacher.poll():
-                    stored = buffer.add(left, right, mu)
-                    save_labels(labels_dir, stored | {"end": buffer.total})
-                if args.feedback == "human":
-                    teacher.save(pending_path)  # in step with the saved labels: their answers are not fetched again
-                if iteration == args.pretrain_iterations and buffer.size == 0:
-                    # RLHF: a reward model fitted on nothing gives NaN: stop (labels and checkpoint are saved below)
-                    if args.feedback == "human":
-                        why = (
-                            "every pair from the initial policy was answered 'can't tell'. Label the new pairs a "
-                            f"resumed run asks (--resume {run_dir}, for a run started with --save-model)"
-                        )
-                    else:
-                        why = (
-                            "the synthetic teacher skipped every pair from the initial policy (both segments' returns "
-                            f"below --teacher-skip-threshold {args.teacher_skip_threshold:g}). Start again with a lower "
-                            "--teacher-skip-threshold, or more --pretrain-steps"
-                        )
-                    raise SystemExit(f"error: no label to pretrain the reward model on: {why}")
-                if iteration == args.pretrain_iterations:  # C17 A.2: 200 epochs on the pretraining labels
-                    epoch_steps, fit_start = math.ceil(buffer.size / args.reward_batch_size), time.time()
-                    for epoch in range(1, args.pretrain_epochs + 1):
-                        train_reward_model(
-                            fitting,
-                            reward_optimizer,
-                            buffer,
-                            l2_coef,
-                            epoch_steps,
-                            args.reward_batch_size,
-                            args.label_noise,
-                            rng,
-                        )
-                        # a line per epoch, with the time left: on a CPU an epoch can take a minute or more
-                        elapsed = time.time() - fit_start
-                        line = (
-                            f"pretraining the reward model: epoch {epoch}/{args.pretrain_epochs} ({elapsed:.0f} s, "
-                            f"about {elapsed / epoch * (args.pretrain_epochs - epoch):.0f} s left)"
-                        )
-                        if epoch % 10 == 0 or epoch == args.pretrain_epochs:
-                            train_loss, val_loss, val_accuracy = evaluate_reward_model(
-                                fitting, buffer, args.reward_eval_labels, args.label_noise, args.reward_std
-                            )
-                            l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                            line += (
-                                f", val accuracy {val_accuracy:.2f}, train loss {train_loss.nanmean():.3f}, "
-                                f"val loss {val_loss.nanmean():.3f}"
-                            )
-                        print(line)
-                    ensemble.load_state_dict(fitting.state_dict())
-
-            if pretraining:
-                if iteration % args.iterations_per_round == 0:
-                    print(
-                        f"pretraining: step {global_step}, labels {buffer.total}/{args.pretrain_labels} from the initial policy"
-                    )
-                    writer.add_scalar("labels/total", buffer.total, global_step)
-                completed, completed_step = iteration, global_step
-                continue
-
-            # RLHF: the reward model keeps training as labels arrive. C17 2.2 fits it in parallel with RL: here a
-            # thread takes each step on `fitting` while A2C runs the next --reward-train-every iterations, and then
-            # `ensemble` takes its weights. The steps are those of taking them in turn (runs stay reproducible), and
-            # A2C's reward is one step behind; on a CPU the thread uses the core that A2C leaves idle.
-            if rlhf and not frozen and iteration % args.reward_train_every == 0 and buffer.size:
-                if reward_job is not None:
-                    validation = reward_job.result()  # waits for the step to end (and raises its error, if any)
-                    if validation is not None:
-                        train_loss, val_loss, val_accuracy = validation
-                        l2_coef = adapt_l2(l2_coef, train_loss, val_loss)
-                    before = ensemble.normalized_reward(obs) if args.pin_reward_level else None
-                    ensemble.load_state_dict(fitting.state_dict())
-                    if args.pin_reward_level:
-                        pin_level(ensemble, obs, before)
-                reward_steps += 1
-                # the labels are copied out now: the thread never reads the buffer, which label rounds write to
-                batch = random_batch(buffer, args.reward_batch_size, rng)
-                held_out = None
-                if reward_steps % args.reward_eval_every == 0:
-                    held_out = buffer.get(buffer.latest(args.reward_eval_labels))
-                reward_job = reward_thread.submit(
-                    fit_step, fitting, reward_optimizer, batch, l2_coef, args.label_noise, held_out, args.reward_std
-                )
-
-            # RLHF: the reward A2C optimises, for the whole rollout in one batched call
-            if rlhf:
-                rewards_np = ensemble.normalized_reward(obs).cpu().numpy()
-                learned_z.append(rewards_np.mean() / args.reward_std)  # for the log (see reward_model/policy_reward_z)
-                if args.reward_normalization == "policy":
-                    rewards_np = policy_normalizer(rewards_np)
-                for t in range(args.num_steps):  # predicted score of whole games, next to the true one
-                    predicted_episode_return += rewards_np[t]
-                    for i in np.flatnonzero(dones[t]):
-                        recent_predicted.append(predicted_episode_return[i])
-                        writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
-                    predicted_episode_return[dones[t]] = 0.0
-            else:
-                rewards_np = np.sign(true_rewards)  # the usual A2C reward clipping
-            rewards = torch.as_tensor(rewards_np, dtype=torch.float32).to(device)
-            # C17 A.2: by default the agent is not told where games end (the returns run on into the next game)
-            step_dones = torch.as_tensor(dones if args.episode_end_signal else np.zeros_like(dones), dtype=torch.float32)
-            step_dones = step_dones.to(device)
-
-            # ALGO LOGIC: n-step returns, bootstrapped from the value of the state after the rollout
+            # ALGO LOGIC: action logic
             with torch.no_grad():
-                next_return = agent.get_value(next_obs).flatten()
-                returns = torch.zeros_like(rewards)
-                for t in reversed(range(args.num_steps)):
-                    next_return = returns[t] = rewards[t] + args.gamma * next_return * (1.0 - step_dones[t])
+                action, _, _, _ = agent.get_action_and_value(next_obs)
+            actions[step] = action
 
-            # A2C: one gradient step on the whole rollout
-            b_obs = obs.reshape(-1, 4, 84, 84)
-            _, logprob, entropy, value = agent.get_action_and_value(b_obs, actions.reshape(-1))
-            value = value.flatten()
-            advantages = returns.reshape(-1) - value.detach()
-            pg_loss = -(advantages * logprob).mean()
-            v_loss = ((returns.reshape(-1) - value) ** 2).mean()
-            entropy_loss = entropy.mean()
-            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+            # TRY NOT TO MODIFY: execute the game and log data.
+            next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+            true_rewards[step], dones[step] = reward, terminated | truncated
+            if rlhf:  # RLHF: keep this step for the round's segments
+                history_index = (iteration - 1) % args.iterations_per_round * args.num_steps + step
+                stacks = obs[step].cpu().numpy()
+                record_step(history, history_index, stacks, game_starts, action.cpu().numpy(), reward, dones[step])
+                game_starts = dones[step]
+            if "final_info" in infos and "episode" in infos["final_info"]:
+                episodes = infos["final_info"]["episode"]
+                for i in np.flatnonzero(infos["final_info"]["_episode"]):
+                    recent_returns.append(float(episodes["r"][i]))
+                    writer.add_scalar("charts/episodic_return", episodes["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", episodes["l"][i], global_step)
+            next_obs = torch.as_tensor(next_obs_np).to(device)
 
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
+        if rlhf and iteration % args.iterations_per_round == 0:
+            # RLHF: a label round: the labels the C17 A.2 schedule still lacks, pairs chosen as C17 2.2.4 says (at random
+            # before RL: an untrained ensemble's disagreement means nothing, and scoring candidates costs minutes on a CPU)
+            labels_wanted = int(schedule[: iteration // args.iterations_per_round].sum())
+            selection = "random" if pretraining else args.selection
+            query_labels(
+                args, rng, teacher, buffer, reward_model.policy_ensemble, history, labels_wanted, selection, labels_dir
+            )
+            if iteration == args.pretrain_iterations:  # C17 A.2: the reward model is fitted before RL starts
+                teacher.wait_for_answers(stop_requested)  # people answer asynchronously; RL cannot start without these
+                store_answers(teacher, buffer, labels_dir)
+                if buffer.size == 0 and not stop_requested.is_set():  # a reward model fitted on nothing gives NaN
+                    failure = NO_PRETRAINING_LABEL.format(threshold=args.teacher_skip_threshold, run_dir=run_dir)
+                    break
+                if not reward_model.pretrain(buffer, rng, stop_requested):
+                    break  # stopped: a resumed run pretrains again
+
+        if pretraining:  # RLHF: no A2C update before RL starts
+            if iteration % args.iterations_per_round == 0:
+                print(f"pretraining: step {global_step}, labels {buffer.total}/{args.pretrain_labels} from the initial policy")
+                writer.add_scalar("labels/total", buffer.total, global_step)
             completed, completed_step = iteration, global_step
+            continue
 
-            if iteration % args.log_every == 0:
-                # TRY NOT TO MODIFY: record rewards for plotting purposes
-                sps = int((global_step - start_step) / (time.time() - start_time))
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-                writer.add_scalar("charts/SPS", sps, global_step)
-                line = f"step {global_step}, SPS {sps}"
-                if recent_returns:
-                    line += f", true return {np.mean(recent_returns[-10:]):.1f}"
-                if rlhf:
-                    # RLHF: how well the learned reward tracks the game score on this rollout
-                    constant = rewards_np.std() == 0 or true_rewards.std() == 0
-                    correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-                    writer.add_scalar("reward_model/loss", train_loss.nanmean().item(), global_step)
-                    writer.add_scalar("reward_model/val_loss", val_loss.nanmean().item(), global_step)
-                    writer.add_scalar("reward_model/val_accuracy", val_accuracy, global_step)
-                    writer.add_scalar("reward_model/l2", l2_coef.mean().item(), global_step)
-                    writer.add_scalar("reward_model/true_correlation", correlation, global_step)
-                    # the policy's learned reward per step over --reward-std, before the policy normalisation. With
-                    # --frozen-reward: in std of the labelled clips' rewards, a fixed yardstick of how far A2C has
-                    # climbed. With --pin-reward-level (online) updates keep the level, so only its changes count.
-                    writer.add_scalar("reward_model/policy_reward_z", np.mean(learned_z), global_step)
-                    writer.add_scalar("labels/total", buffer.total, global_step)
-                    writer.add_scalar("labels/buffer", buffer.size, global_step)
-                    writer.add_scalar("labels/pending", teacher.pending if teacher else 0, global_step)
-                    if recent_predicted:
-                        line += f", predicted return {np.mean(recent_predicted[-10:]):.2f}"
-                    line += f", learned reward z {np.mean(learned_z):+.3f}"
-                    if frozen:
-                        line += f", frozen reward model, corr {correlation:.2f}"
-                    else:
-                        line += f", labels {buffer.total}/{args.labels}, val acc {val_accuracy:.2f}, corr {correlation:.2f}"
-                    learned_z = []
-                print(line)
-                recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+        if rlhf and iteration % args.reward_train_every == 0 and buffer.size:
+            # RLHF: the reward model trains on as labels arrive, in a thread, while A2C runs (RewardModel)
+            reward_model.train_step(buffer, rng, obs)
 
-            if args.save_model and iteration % args.checkpoint_every == 0:
-                save_checkpoint()
-    except KeyboardInterrupt:
+        # RLHF: the reward A2C optimises, for the whole rollout in one batched call
+        if rlhf:
+            rewards_np = reward_model.policy_ensemble.normalized_reward(obs).cpu().numpy()
+            learned_z.append(rewards_np.mean() / args.reward_std)  # for the log (see reward_model/policy_reward_z)
+            if args.reward_normalization == "policy":
+                rewards_np = policy_normalizer(rewards_np)
+            for t in range(args.num_steps):  # predicted score of whole games, next to the true one
+                predicted_episode_return += rewards_np[t]
+                for i in np.flatnonzero(dones[t]):
+                    recent_predicted.append(predicted_episode_return[i])
+                    writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
+                predicted_episode_return[dones[t]] = 0.0
+        else:
+            rewards_np = np.sign(true_rewards)  # the usual A2C reward clipping
+        rewards = torch.as_tensor(rewards_np, dtype=torch.float32).to(device)
+        # A2C change (README "Atari", no answer in the frames): by default the agent is not told where games end
+        # (C17 A.2); the returns run on into the next game
+        step_dones = torch.as_tensor(dones if args.episode_end_signal else np.zeros_like(dones), dtype=torch.float32)
+        step_dones = step_dones.to(device)
+
+        # ALGO LOGIC: n-step returns, bootstrapped from the value of the state after the rollout
+        with torch.no_grad():
+            next_return = agent.get_value(next_obs).flatten()
+            returns = torch.zeros_like(rewards)
+            for t in reversed(range(args.num_steps)):
+                next_return = returns[t] = rewards[t] + args.gamma * next_return * (1.0 - step_dones[t])
+
+        # A2C: one gradient step on the whole rollout
+        b_obs = obs.reshape(-1, 4, 84, 84)
+        _, logprob, entropy, value = agent.get_action_and_value(b_obs, actions.reshape(-1))
+        value = value.flatten()
+        advantages = returns.reshape(-1) - value.detach()
+        pg_loss = -(advantages * logprob).mean()
+        v_loss = ((returns.reshape(-1) - value) ** 2).mean()
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+
+        if iteration % args.log_every == 0:
+            # TRY NOT TO MODIFY: record rewards for plotting purposes
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            line = f"step {global_step}, SPS {sps}"
+            if recent_returns:
+                line += f", true return {np.mean(recent_returns[-10:]):.1f}"
+            if rlhf:
+                # RLHF: how well the learned reward tracks the game score on this rollout
+                constant = rewards_np.std() == 0 or true_rewards.std() == 0
+                correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
+                writer.add_scalar("reward_model/loss", reward_model.train_loss.nanmean().item(), global_step)
+                writer.add_scalar("reward_model/val_loss", reward_model.val_loss.nanmean().item(), global_step)
+                writer.add_scalar("reward_model/val_accuracy", reward_model.val_accuracy, global_step)
+                writer.add_scalar("reward_model/l2", reward_model.l2_coef.mean().item(), global_step)
+                writer.add_scalar("reward_model/true_correlation", correlation, global_step)
+                # the policy's learned reward per step over --reward-std, before the policy normalisation (with
+                # --pin-reward-level, updates keep its level: only its changes count)
+                writer.add_scalar("reward_model/policy_reward_z", np.mean(learned_z), global_step)
+                writer.add_scalar("labels/total", buffer.total, global_step)
+                writer.add_scalar("labels/buffer", buffer.size, global_step)
+                writer.add_scalar("labels/pending", teacher.pending, global_step)
+                if recent_predicted:
+                    line += f", predicted return {np.mean(recent_predicted[-10:]):.2f}"
+                line += f", learned reward z {np.mean(learned_z):+.3f}, labels {buffer.total}/{args.labels}"
+                line += f", val acc {reward_model.val_accuracy:.2f}, corr {correlation:.2f}"
+                learned_z = []
+            print(line)
+            recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
+
+        completed, completed_step = iteration, global_step
+        if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
+            save_checkpoint(
+                checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_model, policy_normalizer
+            )
+
+    # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels are saved as they
+    # arrive, the checkpoint with --save-model; --resume continues the run)
+    if stop_requested.is_set():
         print(f"interrupted at step {global_step}")
-    finally:
-        if reward_thread is not None:
-            reward_thread.shutdown()  # after the step in progress, if any
-        # nothing is lost when a run stops: labels are saved as they arrive, the checkpoint with --save-model
-        if rlhf and not frozen:
-            print(f"{buffer.total} labels saved in {labels_dir}/")
-            if args.feedback == "human":
-                teacher.close()
-                teacher.save(pending_path)
-                print(f"{teacher.pending} unanswered pairs saved to {pending_path} (asked again on --resume)")
-        if args.save_model:
-            save_checkpoint()
-            print(f"checkpoint saved to {checkpoint_path}")
-        envs.close()
-        writer.close()
+    if rlhf:
+        reward_model.close()  # after the reward thread's step in progress, if any
+        print(f"{buffer.total} labels saved in {labels_dir}/")
+        teacher.close()
+    if args.save_model:
+        save_checkpoint(
+            checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_model, policy_normalizer
+        )
+        print(f"checkpoint saved to {checkpoint_path}")
+    envs.close()
+    writer.close()
+    if failure is not None:
+        raise SystemExit(failure)

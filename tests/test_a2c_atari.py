@@ -1,6 +1,6 @@
 """rlhf_a2c_atari.py: the preprocessing and the score masking on real game frames, segments and the frame stacks they
 rebuild, the CNN reward model, the label buffer and schedule, and a subprocess run of each mode (synthetic, true reward
-with video, human through a live label server, interrupted and resumed)."""
+with video, human through a live label server, interrupted and resumed; marked slow)."""
 
 import math
 import re
@@ -40,6 +40,24 @@ TINY = (
 
 def run_atari(cwd, args, timeout=300):
     return run_script(cwd, args, timeout, script=SCRIPT)
+
+
+def checked_args(**settings):
+    """Args with the run-time fields filled in, then validated, as the script does before creating anything."""
+    args = atari.Args(**settings)
+    atari.fill_runtime_fields(args)
+    atari.validate_args(args)
+    return args
+
+
+def validation_pass(ensemble, buffer, count, label_noise=0.1, target_std=0.05):
+    """The figures of validate_reward_model on the `count` latest labels, and the normalisation refit on their steps,
+    as the script's validation pass does."""
+    train_loss, val_loss, val_accuracy, step_rewards = atari.validate_reward_model(
+        ensemble, buffer.get(buffer.latest(count)), label_noise
+    )
+    ensemble.fit_normalization(step_rewards.reshape(ensemble.size, -1), target_std)
+    return train_loss, val_loss, val_accuracy
 
 
 def raw_env(game):
@@ -164,11 +182,11 @@ def test_segments_rebuild_the_frame_stacks_the_agent_saw_across_game_starts():
     history, seen = atari.new_history(round_steps, 2), []
     obs, _ = envs.reset(seed=0)
     game_starts = np.ones(2, bool)
-    for h in range(round_steps):
+    for history_index in range(round_steps):
         act = rng.integers(6, size=2)
         seen.append(obs)
         next_obs, reward, terminated, truncated, _ = envs.step(act)
-        atari.record_step(history, h, obs, game_starts, act, reward, terminated | truncated)
+        atari.record_step(history, history_index, obs, game_starts, act, reward, terminated | truncated)
         game_starts, obs = terminated | truncated, next_obs
     seen = np.stack(seen)  # (steps, envs, 4, 84, 84)
     segments = atari.sample_segments(rng, history, segment_len, 300)
@@ -297,7 +315,7 @@ def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
     # one-step segments and one member keep this test quick on a CPU
     rng, buffer, ensemble, optimizer, l2 = block_preferences(400, members=1)
     atari.train_reward_model(ensemble, optimizer, buffer, l2, 150, 32, 0.1, rng)
-    train_loss, val_loss, val_accuracy = atari.evaluate_reward_model(ensemble, buffer, 400, 0.1, 0.05)
+    train_loss, val_loss, val_accuracy = validation_pass(ensemble, buffer, 400)
     # on fresh pairs with different scores the model orders them as the teacher would
     fresh_left, fresh_right = block_frames(rng, 200, 1), block_frames(rng, 200, 1)
     diff = fresh_left["true_reward"].sum(1) - fresh_right["true_reward"].sum(1)
@@ -311,13 +329,13 @@ def test_cnn_reward_model_learns_a_reward_from_synthetic_preferences():
 def test_pinning_keeps_the_rollouts_mean_reward_through_an_update_and_changes_nothing_else():
     rng, buffer, ensemble, optimizer, l2 = block_preferences(64, members=3)
     atari.train_reward_model(ensemble, optimizer, buffer, l2, 10, 16, 0.1, rng)
-    atari.evaluate_reward_model(ensemble, buffer, 64, 0.1, 0.05)
+    validation_pass(ensemble, buffer, 64)
     rollout = torch.as_tensor(atari.segment_stacks(block_frames(rng, 80, 1)["frames"]))[:, 0]  # (80, 4, 84, 84)
     before = ensemble.normalized_reward(rollout)
     atari.train_reward_model(ensemble, optimizer, buffer, l2, 3, 16, 0.1, rng)  # a few updates (batch norm included)
     moved = ensemble.normalized_reward(rollout)
     assert abs(moved.mean() - before.mean()) > 0.01  # unpinned, the level moves (std 0.05)
-    atari.pin_level(ensemble, rollout, before)
+    ensemble.pin_level(rollout, before)
     pinned = ensemble.normalized_reward(rollout)
     assert pinned.mean().item() == pytest.approx(before.mean().item(), abs=1e-6)
     torch.testing.assert_close(pinned - pinned.mean(), moved - moved.mean())  # what the update learned stays
@@ -375,15 +393,18 @@ def test_the_training_loss_the_l2_band_compares_is_the_bootstrap_weighted_loss_e
     weighted = (losses * weight.T).sum(1) / weight.T.sum(1)
     unweighted = np.array([losses[m][weight[:, m] > 0].mean() for m in range(3)])
     assert not np.allclose(weighted, unweighted, rtol=1e-3)  # the weights matter for these labels
-    train_loss, val_loss, _ = atari.score_labels(ensemble, labels, 0.1, 0.05)
+    before = {k: v.clone() for k, v in ensemble.state_dict().items()}
+    train_loss, val_loss, _, step_rewards = atari.validate_reward_model(ensemble, labels, 0.1)
+    assert step_rewards.shape == (3, 12, 2, 1)
+    for key, value in ensemble.state_dict().items():  # validating changes nothing (the normalisation included)
+        assert torch.equal(value, before[key]), key
     np.testing.assert_allclose(train_loss.numpy(), weighted, rtol=1e-5)
     out_of_bag = np.array([losses[m][weight[:, m] == 0].mean() for m in range(3)])
     np.testing.assert_allclose(val_loss.numpy(), out_of_bag, rtol=1e-5)
 
 
 def test_label_schedule_spends_the_budget_with_500_from_the_initial_policy():
-    args = atari.Args(total_timesteps=10_000_000, feedback="synthetic")
-    atari.validate_args(args)
+    args = checked_args(total_timesteps=10_000_000, feedback="synthetic")
     schedule = atari.label_schedule(args)
     pretrain_rounds = args.pretrain_iterations // args.iterations_per_round
     assert schedule.sum() == 3300 and schedule[:pretrain_rounds].sum() == 500
@@ -395,9 +416,8 @@ def test_every_run_length_validate_args_accepts_spends_the_whole_label_budget_in
     # around the first label round after pretraining (4 rounds of 16 x 400 steps = 25600), and run lengths that are
     # not whole rounds
     for total in [*range(25_680, 40_000, 80), 123_457, 1_000_001]:
-        args = atari.Args(total_timesteps=total)
         try:
-            atari.validate_args(args)
+            args = checked_args(total_timesteps=total)
         except SystemExit as refused:
             assert total < 32_000 and "use --total-timesteps 32000 or more" in str(refused), (total, refused)
             continue
@@ -409,9 +429,10 @@ def test_every_run_length_validate_args_accepts_spends_the_whole_label_budget_in
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# every mode, run as a user runs it
+# every mode, run as a user runs it (whole training runs: slow)
 
 
+@pytest.mark.slow
 def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path):
     result = run_atari(tmp_path, TINY + " --save-model")
     assert result.returncode == 0, result.stderr
@@ -442,6 +463,7 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert -21 <= score <= -15  # a whole game of a barely trained agent
 
 
+@pytest.mark.slow
 def test_a_pretraining_that_gets_no_label_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
     # a skip threshold no 5-step Pong segment reaches: the teacher skips every pair of the initial policy
     result = run_atari(tmp_path, TINY + " --teacher-skip-threshold 1000 --save-model")
@@ -452,6 +474,7 @@ def test_a_pretraining_that_gets_no_label_stops_with_a_clear_message_and_keeps_t
     assert checkpoint["global_step"] < 400  # saved when the run stopped, at the end of pretraining
 
 
+@pytest.mark.slow
 def test_reward_model_trains_in_its_own_thread_and_a_repeated_run_ends_the_same(tmp_path):
     checkpoints = []
     for name in ("first", "second"):
@@ -486,39 +509,7 @@ def _same(a, b):
     return np.array_equal(a, b)
 
 
-def test_frozen_reward_run_optimises_a_saved_reward_model_unchanged_and_asks_no_labels(tmp_path):
-    source = run_atari(tmp_path, TINY + " --save-model")
-    assert source.returncode == 0, source.stderr
-    source_dir = only_run_dir(tmp_path)
-    # a normalisation as stale as a long run's can be (fit at a validation pass, the members trained on since)
-    checkpoint = torch.load(source_dir / "checkpoint.pt", weights_only=False)
-    checkpoint["reward_ensemble"]["ensemble_mean"] += 7.0
-    checkpoint["reward_ensemble"]["member_std"] *= 3.0
-    torch.save(checkpoint, source_dir / "checkpoint.pt")
-    (tmp_path / "frozen").mkdir()
-    result = run_atari(tmp_path / "frozen", TINY + f" --frozen-reward {source_dir} --save-model")
-    assert result.returncode == 0, result.stderr
-    assert "normalisation refit on its latest 8 labels): no labels are asked" in result.stdout
-    run_dir = only_run_dir(tmp_path / "frozen")
-    assert not (run_dir / "labels").exists()
-    logged = scalars(run_dir)
-    assert logged["losses/policy_loss"][0][0] == 100  # no pretraining: A2C updates from the first iteration on
-    assert all(np.isfinite(z) for _, z in logged["reward_model/policy_reward_z"])
-    saved = torch.load(source_dir / "checkpoint.pt", weights_only=False)["reward_ensemble"]
-    frozen = torch.load(run_dir / "checkpoint.pt", weights_only=False)["reward_ensemble"]
-    for key, value in saved.items():
-        if key.startswith("members."):  # the networks (batch norm statistics included) as saved, not trained
-            torch.testing.assert_close(frozen[key], value, rtol=0, atol=0)
-    # the normalisation was refit on the source's latest labels: their steps get zero mean and --reward-std
-    ensemble = atari.RewardEnsemble()
-    ensemble.load_state_dict(frozen)
-    buffer = atari.LabelBuffer(8, 5, 3, np.random.default_rng(0))
-    atari.load_labels(source_dir / "labels", buffer)
-    stacks = torch.as_tensor(atari.segment_stacks(buffer.get(np.arange(8))["frames"]))
-    reward = ensemble.eval().normalized_reward(stacks)
-    assert abs(reward.mean().item()) < 1e-4 and reward.std().item() == pytest.approx(0.05, rel=1e-3)
-
-
+@pytest.mark.slow
 def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2400")  # 1200 steps per env: a whole game
     result = run_atari(tmp_path, args + " --feedback true-reward --capture-video --env ALE/Pong-v5 --save-model")
@@ -533,9 +524,9 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
     frames = imageio.mimread(run_dir / "videos" / "episode-0.mp4", memtest=False)
     assert len(frames) > 100 and frames[0].shape == (210, 160, 3)
     assert frames[5][:20].std() > 0  # the video is what people watch: in colour, score included
-    assert_clear_error(run_atari(tmp_path, f"--frozen-reward {run_dir}"), "has no reward model (a --feedback true-reward run)")
 
 
+@pytest.mark.slow
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
     server = label_server()
     # (also the one run with the reward normalised over the labelled clips' steps, the other normalisation)
@@ -556,7 +547,7 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     assert len(frames) == 5 and frames[0].shape[:2] == (336, 336)  # one frame per step, enlarged 4x
 
 
-def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(label_server):
+def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path, label_server):
     # a label round asks `schedule - buffer - pending` pairs: an answer the teacher's thread has fetched but poll() has
     # not handed to the buffer must count as pending, or the round asks for it again (more labels than the budget)
     server = label_server()
@@ -564,7 +555,7 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(label_se
     history = atari.new_history(20, 2)
     history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
     history["true_reward"][:] = rng.integers(-1, 2, history["true_reward"].shape)
-    teacher = atari.HumanTeacher(server.url, None, "exp", "Which?", clip_scale=1, poll_interval=0.2)
+    teacher = atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2)
     teacher.start()
     try:
         with rating_by_script(server):
@@ -579,11 +570,13 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(label_se
         teacher.close()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 20000")
     assert_sigterm_stops_like_ctrl_c(tmp_path, args, SCRIPT)
 
 
+@pytest.mark.slow
 def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_path):
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2000") + " --labels 20 --save-model"
     out, err = interrupt_run(tmp_path, args, "step 800", script=SCRIPT)  # once A2C has run past a label round
@@ -608,6 +601,7 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 2000
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(tmp_path):
     # rounds of 50 steps per env (10 iterations), 2 of pretraining, then 10 of 2 labels each; a checkpoint every round
     # and a line every iteration. Killed (-9) in round 8, the run resumes from the checkpoint that ended round 7.
@@ -655,7 +649,6 @@ def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(
         ("--env Pongg-v5", "unknown Atari environment id 'Pongg-v5'"),
         ("--eval-only", "--eval-only needs --resume"),
         ("--resume runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt"),
-        ("--frozen-reward runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt (--frozen-reward needs"),
     ],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
@@ -675,10 +668,35 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
         ({"total_timesteps": 25760}, "reaches no label round after the 25600 pretraining steps"),
         ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),
         ({"reward_norm_window": 0}, "--reward-norm-window and --reward-std must be positive"),
-        ({"frozen_reward": "runs/a", "feedback": "human"}, "it cannot be combined with --feedback human"),
     ],
 )
 def test_impossible_settings_are_refused_with_a_message(settings, message):
     # the checks the script runs before creating anything; their SystemExit prints the message without a traceback
     with pytest.raises(SystemExit, match=re.escape(message)):
-        atari.validate_args(atari.Args(**settings))
+        checked_args(**settings)
+
+
+def test_a_resumed_run_keeps_its_own_settings_and_a_frozen_reward_run_of_an_older_version_is_refused():
+    saved = vars(atari.Args(seed=7, labels=40))
+    args = atari.resumed_args(atari.Args(resume="runs/a", seed=3, labels=10, eval_episodes=2), {"args": saved})
+    assert (args.seed, args.labels, args.resume, args.eval_episodes) == (7, 40, "runs/a", 2)
+    old = {"args": {**saved, "frozen_reward": None}}  # a checkpoint of a version that had --frozen-reward
+    assert atari.resumed_args(atari.Args(resume="runs/a"), old).seed == 7
+    frozen = {"args": {**saved, "frozen_reward": "runs/b"}}
+    with pytest.raises(SystemExit, match="ran with --frozen-reward, which this version no longer has"):
+        atari.resumed_args(atari.Args(resume="runs/a"), frozen)
+    assert atari.resumed_args(atari.Args(resume="runs/a", eval_only=True), frozen).eval_only  # its agent still plays
+
+
+def test_the_first_stop_request_ends_the_run_at_the_end_of_the_iteration_and_a_second_ctrl_c_at_once():
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        stop_requested = atari.stop_on_signals()
+        assert not stop_requested.is_set()
+        signal.raise_signal(signal.SIGTERM)  # `kill`, `timeout`, a cluster's scheduler: as Ctrl-C
+        assert stop_requested.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
