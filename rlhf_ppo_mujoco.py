@@ -1316,9 +1316,11 @@ if __name__ == "__main__":
         if stop_requested.is_set():
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            lrnow = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = lrnow
 
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1336,7 +1338,7 @@ if __name__ == "__main__":
             next_obs_raw, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
             true_rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
             bootstrap[step] = truncation_values(agent, obs_rms, infos, terminated, truncated, device)  # PPO change
-            if "final_info" in infos and "episode" in infos["final_info"]:
+            if "final_info" in infos and "episode" in infos["final_info"]:  # gymnasium 1.x: a dict with an _episode mask
                 for i in np.flatnonzero(infos["final_info"]["_episode"]):
                     recent_returns.append(float(infos["final_info"]["episode"]["r"][i]))
                     writer.add_scalar("charts/episodic_return", infos["final_info"]["episode"]["r"][i], global_step)
@@ -1344,7 +1346,7 @@ if __name__ == "__main__":
             obs_rms.update(next_obs_raw)  # PPO change (README "Changes to PPO"): the script's own normalisation
             next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
 
-        # the actions the environment executed (ClipAction): what the teacher and the reward model judge
+        # RLHF: the actions the environment executed (ClipAction): what the teacher and the reward model judge
         rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
         if rlhf:
             # RLHF: ask for the labels the schedule has due (C17 A.1). Pairs where the members disagree most (C17 2.2.4);
@@ -1400,6 +1402,7 @@ if __name__ == "__main__":
             advantages = torch.zeros_like(rewards).to(device)
             lastgaelam = 0
             for t in reversed(range(args.num_steps)):
+                # PPO change (README "Changes to PPO"): with same-step autoreset, step t's own episode end cuts it off
                 nextvalues = next_value if t == args.num_steps - 1 else values[t + 1]
                 nextnonterminal = 1.0 - step_dones[t]
                 delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
@@ -1473,7 +1476,7 @@ if __name__ == "__main__":
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        sps = int((global_step - start_step) / (time.time() - start_time))
+        sps = int((global_step - start_step) / (time.time() - start_time))  # a resumed run counts from its start
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
         writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
