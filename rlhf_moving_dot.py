@@ -616,8 +616,8 @@ class SyntheticTeacher:
 
     def ask(self, left, right):
         mu = self.preferences(left["true_reward"], right["true_reward"])
-        answered = ~np.isnan(mu)
-        self.answered.append((index_segments(left, answered), index_segments(right, answered), mu[answered]))
+        not_skipped = ~np.isnan(mu)
+        self.answered.append((index_segments(left, not_skipped), index_segments(right, not_skipped), mu[not_skipped]))
 
     def poll(self):
         answered, self.answered = self.answered, []
@@ -867,17 +867,17 @@ def store_answers(teacher, buffer, database):
             database.add(left, right, mu)
 
 
-def log_predicted_returns(writer, global_step, rewards, truncations, predicted_episode_return):
+def log_predicted_returns(writer, global_step, rewards, truncations, predicted_return):
     """Adds the rollout's learned rewards (steps, envs) to each environment's predicted return of its episode so far
-    (updated in place); logs those of the episodes that ended in the rollout (next to their true returns) and returns
-    them."""
+    (`predicted_return`, updated in place); logs those of the episodes that ended in the rollout (next to their true
+    returns) and returns them."""
     ended = []
     for t in range(len(rewards)):
-        predicted_episode_return += rewards[t]
-        ended += list(predicted_episode_return[truncations[t]])
-        predicted_episode_return[truncations[t]] = 0.0
-    for predicted_return in ended:
-        writer.add_scalar("charts/predicted_return", predicted_return, global_step)
+        predicted_return += rewards[t]
+        ended += list(predicted_return[truncations[t]])
+        predicted_return[truncations[t]] = 0.0
+    for episode_return in ended:
+        writer.add_scalar("charts/predicted_return", episode_return, global_step)
     return ended
 
 
@@ -1157,6 +1157,15 @@ def save_labels(buffer, teacher, labels_path):
     teacher.save()
 
 
+def save_labels_if_due(buffer, teacher, labels_path, last_save, every=30.0):
+    """Save the labels if the last save (a time.time()) is more than `every` seconds old: a killed run loses at most
+    that much labelling. Returns the time of the last save."""
+    if time.time() - last_save <= every:
+        return last_save
+    save_labels(buffer, teacher, labels_path)
+    return time.time()
+
+
 def random_states(rng, device):
     """Every random generator the run draws from: numpy's Generator (segments, the teacher, bootstrap weights, reward
     minibatches), numpy's global one (PPO's minibatch shuffle), torch's (actions) and Python's."""
@@ -1217,7 +1226,7 @@ def read_checkpoint(run_dir):
     return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
 
 
-def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_trainer, envs, next_obs, predicted_episode_return, rng):
+def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_trainer, envs, next_obs, predicted_return, rng):
     """Everything needed to evaluate the agent or to resume the run after `iteration` (the last completed one), with
     the run's state at this moment (the end of that iteration when the run was stopped by a signal)."""
     state = {
@@ -1229,7 +1238,7 @@ def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_trainer, 
         "random_states": random_states(rng, next_obs.device),
         "env_states": environment_states(envs),
         "next_obs": next_obs.cpu(),
-        "predicted_episode_return": predicted_episode_return,
+        "predicted_episode_return": predicted_return,
     }
     if reward_trainer is not None:  # RLHF: the reward model and its training (the keys of older checkpoints)
         state["reward_ensemble"] = reward_trainer.ensemble.state_dict()
@@ -1256,7 +1265,7 @@ def restore_training(checkpoint, agent, optimizer, reward_trainer, buffer, teach
     return checkpoint["iteration"] + 1, checkpoint["global_step"]
 
 
-def restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_episode_return, device):
+def restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_return, device):
     """Where the run stopped: every random generator, the environments, the reward model's training counters and each
     environment's predicted return so far (updated in place); returns the next observation."""
     restore_random_states(rng, checkpoint["random_states"])
@@ -1264,7 +1273,7 @@ def restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_episode_r
     if reward_trainer is not None:
         reward_trainer.training_rounds = checkpoint["fits"]
         reward_trainer.train_loss, reward_trainer.val_loss, reward_trainer.val_accuracy = checkpoint["reward_evaluation"]
-    predicted_episode_return[:] = checkpoint["predicted_episode_return"]
+    predicted_return[:] = checkpoint["predicted_episode_return"]
     return checkpoint["next_obs"].to(device)
 
 
@@ -1371,9 +1380,9 @@ if __name__ == "__main__":
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
     bootstrap = np.zeros((args.num_steps, args.num_envs), np.float32)  # PPO change: value of the state a cut ended at
     positions = np.zeros((args.num_steps, args.num_envs, 2), np.int16)  # RLHF: what segments are made of
-    true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
-    truncations = np.zeros((args.num_steps, args.num_envs), bool)
-    predicted_episode_return = np.zeros(args.num_envs)
+    true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)  # RLHF: what the synthetic teacher judges
+    truncations = np.zeros((args.num_steps, args.num_envs), bool)  # PPO change: episodes end only by the time limit
+    predicted_return = np.zeros(args.num_envs)  # RLHF: each environment's predicted return of its episode so far
 
     if rlhf:
         teacher.start()
@@ -1383,7 +1392,7 @@ if __name__ == "__main__":
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs).to(device)
     if checkpoint is not None and "random_states" in checkpoint:  # Infrastructure: go on where the run stopped
-        next_obs = restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_episode_return, device)
+        next_obs = restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_return, device)
     recent_returns, recent_predicted = [], []
     # Infrastructure: the last iteration whose update finished: what a checkpoint resumes after
     completed = start_iteration - 1
@@ -1434,13 +1443,9 @@ if __name__ == "__main__":
                     run_error = no_pretraining_label_error(args, run_dir)
                     break  # the labels (and the checkpoint) are saved below
                 reward_trainer.pretrain(buffer, rng)
-                save_labels(buffer, teacher, labels_path)  # Infrastructure: the pretraining labels are kept before RL
-                last_label_save = time.time()
             elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen)
                 reward_trainer.train(buffer, 1, args.reward_updates, rng)
-            if time.time() - last_label_save > 30:  # Infrastructure: a killed run loses at most 30 s of labels
-                save_labels(buffer, teacher, labels_path)
-                last_label_save = time.time()
+            last_label_save = save_labels_if_due(buffer, teacher, labels_path, last_label_save)  # Infrastructure
 
         if pretraining:
             print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
@@ -1450,11 +1455,11 @@ if __name__ == "__main__":
 
         if rlhf:  # RLHF: the reward PPO optimises, for the whole rollout in one batched call
             rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
-            recent_predicted += log_predicted_returns(writer, global_step, rewards_np, truncations, predicted_episode_return)
+            recent_predicted += log_predicted_returns(writer, global_step, rewards_np, truncations, predicted_return)
         else:
             rewards_np = true_rewards.copy()
         # PPO change (README "The moving dot"): every episode end is a time-limit cut, bootstrapped from the cut state;
-        # both rewards already have a standard deviation near 1 (the true one is -1, 0 or +1): no return scaling
+        # step_dones[t] says the episode ended at step t (its bootstrap is in rewards[t])
         rewards = torch.as_tensor(rewards_np + args.gamma * bootstrap * truncations, dtype=torch.float32).to(device)
         step_dones = torch.as_tensor(truncations, dtype=torch.float32).to(device)
 
@@ -1537,7 +1542,7 @@ if __name__ == "__main__":
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        sps = int((global_step - start_step) / (time.time() - start_time))
+        sps = int((global_step - start_step) / (time.time() - start_time))  # Infrastructure: since this (resumed) start
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
         writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
@@ -1560,9 +1565,7 @@ if __name__ == "__main__":
 
         completed = iteration
         if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
-            save_checkpoint(
-                run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_episode_return, rng
-            )
+            save_checkpoint(run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_return, rng)
 
     # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels always, the
     # checkpoint with --save-model; continue with --resume)
@@ -1575,9 +1578,7 @@ if __name__ == "__main__":
     if database is not None:
         database.close()
     if args.save_model:
-        save_checkpoint(
-            run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_episode_return, rng
-        )
+        save_checkpoint(run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_return, rng)
         print(f"checkpoint saved to {run_dir}/checkpoint.pt")
     envs.close()
     writer.close()
