@@ -835,7 +835,7 @@ NO_PRETRAINING_LABEL = (
 
 
 # RLHF: training the reward model (C17 2.2.3): the preference loss with each member's bootstrap weights, the adaptive
-# L2, validation on the labels each member's resample left out; during RL in a thread of its own (RewardModel)
+# L2, validation on the labels each member's resample left out; during RL in a thread of its own (RewardModelTraining)
 def reward_gradient_step(ensemble, optimizer, batch, l2_coef, label_noise):
     """One Adam step on a minibatch of labels (from LabelBuffer.sample); each member's loss uses its own bootstrap
     weights."""
@@ -888,8 +888,8 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
 
 
-class RewardModel:
-    """The learned reward: two copies of the RewardEnsemble and their training. `training_ensemble` trains: before RL
+class RewardModelTraining:
+    """The reward model's two copies (RewardEnsembles) and their training. `training_ensemble` trains: before RL
     on the pretraining labels (pretrain), during RL one gradient step at a time in a thread of its own (train_step), as
     C17 2.2 fits the reward model in parallel with RL. `policy_ensemble` gives A2C its reward and scores candidate pairs;
     it takes the trained weights each time the thread's step is done. The steps are those of taking turns (runs stay
@@ -1270,7 +1270,7 @@ def stop_on_signals():
     return stop_requested
 
 
-def read_checkpoint(run_dir):
+def load_checkpoint(run_dir):
     path = os.path.join(run_dir, "checkpoint.pt")
     if not os.path.isfile(path):
         raise SystemExit(f"error: no checkpoint at {path} (was the run started with --save-model?)")
@@ -1290,7 +1290,7 @@ def resumed_args(args: Args, checkpoint) -> Args:
     return Args(**{**saved, **resume_overrides})
 
 
-def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_model=None, policy_normalizer=None):
+def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_training=None, policy_normalizer=None):
     """Everything needed to evaluate the agent or resume the run after `iteration` (exactly as if it had never stopped
     when that ends a label round, but for the games' state), written atomically: a run killed while saving keeps the
     old checkpoint."""
@@ -1302,8 +1302,8 @@ def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, r
         "global_step": global_step,
         "iteration": iteration,
     }
-    if reward_model is not None:
-        state |= reward_model.state_dict()  # after the reward thread's step in progress
+    if reward_training is not None:
+        state |= reward_training.state_dict()  # after the reward thread's step in progress
         state["policy_rewards"] = list(policy_normalizer.recent)
     # every random stream, so that a resumed run draws what the run would have drawn
     state["random_states"] = {
@@ -1312,21 +1312,21 @@ def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, r
         "python": random.getstate(),
         "torch": torch.get_rng_state(),  # A2C's actions
         "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "reward_dropout": reward_model.dropout_generator.get_state() if reward_model is not None else None,
+        "reward_dropout": reward_training.dropout_generator.get_state() if reward_training is not None else None,
     }
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_model, policy_normalizer, device):
+def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_training, policy_normalizer, device):
     """--resume: the networks, optimisers, the reward model's training and every random stream as the run saved them
     (older checkpoints have no random streams: theirs restart from the seed). Returns the iteration to start at, the
     first of the label round the run stopped in (a round's steps are its label pool). The games restart (the emulators'
     state is not saved), and a checkpoint written mid-round redoes that round's start with the later state."""
     agent.load_state_dict(checkpoint["agent"])
     optimizer.load_state_dict(checkpoint["optimizer"])
-    if reward_model is not None:
-        reward_model.load_state_dict(checkpoint, device)
+    if reward_training is not None:
+        reward_training.load_state_dict(checkpoint, device)
         policy_normalizer.recent.extend(checkpoint.get("policy_rewards", []))
     random_states = checkpoint.get("random_states") or {}
     if "numpy" in random_states:
@@ -1343,7 +1343,7 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = None
     if args.resume:  # Infrastructure: continue a stopped run, or evaluate it
-        checkpoint = read_checkpoint(args.resume)
+        checkpoint = load_checkpoint(args.resume)
         args = resumed_args(args, checkpoint)
         if args.eval_only:
             checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
@@ -1386,11 +1386,11 @@ if __name__ == "__main__":
     optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
     # RLHF: the reward model, the labels, the teacher and the label schedule
-    reward_model = buffer = teacher = schedule = None
+    reward_training = buffer = teacher = schedule = None
     labels_dir = f"{run_dir}/labels"
     policy_normalizer = RecentRewardNormalizer(args.reward_norm_window, args.reward_std)  # --reward-normalization policy
     if rlhf:
-        reward_model = RewardModel(args, device)
+        reward_training = RewardModelTraining(args, device)
         buffer = LabelBuffer(args.label_buffer, args.segment_len, args.ensemble_size, rng)
         teacher = make_teacher(args, run_dir, rng)
         schedule = label_schedule(args)
@@ -1398,7 +1398,9 @@ if __name__ == "__main__":
     start_iteration, global_step = 1, 0
     checkpoint_path = f"{run_dir}/checkpoint.pt"
     if checkpoint is not None:  # Infrastructure: resume where the run stopped
-        start_iteration = restore_checkpoint(checkpoint, args, agent, optimizer, rng, reward_model, policy_normalizer, device)
+        start_iteration = restore_checkpoint(
+            checkpoint, args, agent, optimizer, rng, reward_training, policy_normalizer, device
+        )
         global_step = (start_iteration - 1) * args.batch_size
         if rlhf:
             load_labels(labels_dir, buffer)
@@ -1466,7 +1468,7 @@ if __name__ == "__main__":
             labels_wanted = int(schedule[: iteration // args.iterations_per_round].sum())
             selection = "random" if pretraining else args.selection
             query_labels(
-                args, rng, teacher, buffer, reward_model.policy_ensemble, history, labels_wanted, selection, labels_dir
+                args, rng, teacher, buffer, reward_training.policy_ensemble, history, labels_wanted, selection, labels_dir
             )
             if iteration == args.pretrain_iterations:  # C17 A.2: the reward model is fitted before RL starts
                 teacher.wait_for_answers(stop_requested)  # people answer asynchronously; RL cannot start without these
@@ -1474,7 +1476,7 @@ if __name__ == "__main__":
                 if buffer.size == 0 and not stop_requested.is_set():  # a reward model fitted on nothing gives NaN
                     failure = NO_PRETRAINING_LABEL.format(threshold=args.teacher_skip_threshold, run_dir=run_dir)
                     break
-                if not reward_model.pretrain(buffer, rng, stop_requested):
+                if not reward_training.pretrain(buffer, rng, stop_requested):
                     break  # stopped: a resumed run pretrains again
 
         if pretraining:  # RLHF: no A2C update before RL starts
@@ -1485,12 +1487,12 @@ if __name__ == "__main__":
             continue
 
         if rlhf and iteration % args.reward_train_every == 0 and buffer.size:
-            # RLHF: the reward model trains on as labels arrive, in a thread, while A2C runs (RewardModel)
-            reward_model.train_step(buffer, rng, obs)
+            # RLHF: the reward model trains on as labels arrive, in a thread, while A2C runs (RewardModelTraining)
+            reward_training.train_step(buffer, rng, obs)
 
         # RLHF: the reward A2C optimises, for the whole rollout in one batched call
         if rlhf:
-            rewards_np = reward_model.policy_ensemble.normalized_reward(obs).cpu().numpy()
+            rewards_np = reward_training.policy_ensemble.normalized_reward(obs).cpu().numpy()
             learned_z.append(rewards_np.mean() / args.reward_std)  # for the log (see reward_model/policy_reward_z)
             if args.reward_normalization == "policy":
                 rewards_np = policy_normalizer(rewards_np)
@@ -1545,10 +1547,10 @@ if __name__ == "__main__":
                 # RLHF: how well the learned reward tracks the game score on this rollout
                 constant = rewards_np.std() == 0 or true_rewards.std() == 0
                 correlation = math.nan if constant else np.corrcoef(rewards_np.ravel(), true_rewards.ravel())[0, 1]
-                writer.add_scalar("reward_model/loss", reward_model.train_loss.nanmean().item(), global_step)
-                writer.add_scalar("reward_model/val_loss", reward_model.val_loss.nanmean().item(), global_step)
-                writer.add_scalar("reward_model/val_accuracy", reward_model.val_accuracy, global_step)
-                writer.add_scalar("reward_model/l2", reward_model.l2_coef.mean().item(), global_step)
+                writer.add_scalar("reward_model/loss", reward_training.train_loss.nanmean().item(), global_step)
+                writer.add_scalar("reward_model/val_loss", reward_training.val_loss.nanmean().item(), global_step)
+                writer.add_scalar("reward_model/val_accuracy", reward_training.val_accuracy, global_step)
+                writer.add_scalar("reward_model/l2", reward_training.l2_coef.mean().item(), global_step)
                 writer.add_scalar("reward_model/true_correlation", correlation, global_step)
                 # the policy's learned reward per step over --reward-std, before the policy normalisation (with
                 # --pin-reward-level, updates keep its level: only its changes count)
@@ -1559,7 +1561,7 @@ if __name__ == "__main__":
                 if recent_predicted:
                     line += f", predicted return {np.mean(recent_predicted[-10:]):.2f}"
                 line += f", learned reward z {np.mean(learned_z):+.3f}, labels {buffer.total}/{args.labels}"
-                line += f", val acc {reward_model.val_accuracy:.2f}, corr {correlation:.2f}"
+                line += f", val acc {reward_training.val_accuracy:.2f}, corr {correlation:.2f}"
                 learned_z = []
             print(line)
             recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
@@ -1567,7 +1569,7 @@ if __name__ == "__main__":
         completed, completed_step = iteration, global_step
         if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
             save_checkpoint(
-                checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_model, policy_normalizer
+                checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer
             )
 
     # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels are saved as they
@@ -1575,12 +1577,12 @@ if __name__ == "__main__":
     if stop_requested.is_set():
         print(f"interrupted at step {global_step}")
     if rlhf:
-        reward_model.close()  # after the reward thread's step in progress, if any
+        reward_training.close()  # after the reward thread's step in progress, if any
         print(f"{buffer.total} labels saved in {labels_dir}/")
         teacher.close()
     if args.save_model:
         save_checkpoint(
-            checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_model, policy_normalizer
+            checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer
         )
         print(f"checkpoint saved to {checkpoint_path}")
     envs.close()
