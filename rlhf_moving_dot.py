@@ -419,16 +419,15 @@ class Agent(nn.Module):
 
 
 # PPO change (README "The moving dot"): the time limit cuts an episode that could go on, so its last step is bootstrapped
+@torch.no_grad()
 def truncation_values(agent, infos, truncated, device):
-    """The critic's value of the state each environment's episode was cut at by the time limit in this step (0 where
-    none was; the vector env resets in the same step and keeps the cut state in infos["final_obs"])."""
+    """The critic's value of the state each environment's episode was cut at by the time limit in this step (0
+    elsewhere; the vector env resets in the same step and keeps the cut state in infos["final_obs"])."""
     values = np.zeros(len(truncated), np.float32)
-    if "final_obs" in infos:
-        cut = infos["_final_obs"] & truncated
-        if cut.any():
-            final = torch.as_tensor(np.stack(infos["final_obs"][cut])).to(device)
-            with torch.no_grad():
-                values[cut] = agent.get_value(final).flatten().cpu().numpy()
+    cut = infos["_final_obs"] & truncated if "final_obs" in infos else np.zeros(len(truncated), bool)
+    if cut.any():
+        final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut])).to(device)
+        values[cut] = agent.get_value(final_obs).flatten().cpu().numpy()
     return values
 
 
@@ -753,7 +752,7 @@ def label_step_rewards(ensemble, labels, observation, chunk=256):
     return torch.cat(parts, 1) if parts else torch.zeros((ensemble.size,) + labels["act"].shape)
 
 
-def reward_gradient_steps(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
+def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
     """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
     if buffer.size == 0:
         return
@@ -770,10 +769,10 @@ def reward_gradient_steps(ensemble, optimizer, buffer, observation, l2_coef, ste
 
 
 def validate_reward_model(step_rewards, labels, label_noise):
-    """From the members' step rewards of the labelled segments (label_step_rewards): each member's training loss (the
-    bootstrap-weighted loss it is trained on) and validation loss (on the labels its resample left out), and the share
-    of held-out strict preferences each member orders correctly (averaged over members). Changes nothing."""
-    returns = step_rewards.sum(-1)
+    """Each member's training loss (the bootstrap-weighted loss it is trained on) and validation loss (on the labels
+    its resample left out), and the share of held-out strict preferences each member orders correctly (averaged over
+    members), from the members' step rewards of the labels (label_step_rewards). Changes nothing."""
+    returns = step_rewards.sum(-1)  # (members, labels, 2)
     mu = torch.as_tensor(labels["mu"])
     losses = preference_loss(returns[..., 0], returns[..., 1], mu, label_noise)
     weight = torch.as_tensor(labels["weight"]).T  # (members, labels)
@@ -786,6 +785,12 @@ def validate_reward_model(step_rewards, labels, label_noise):
     return train_loss, val_loss, val_accuracy
 
 
+def fit_reward_normalization(ensemble, step_rewards, target_std):
+    """C17 2.2.1: refit the ensemble's normalisation (of the reward PPO gets) on the steps the teacher has judged, from
+    the members' step rewards of the labels (label_step_rewards)."""
+    ensemble.fit_normalization(step_rewards.reshape(ensemble.size, -1), target_std)
+
+
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN loss, no
     held-out or no training label yet, leaves the coefficient as it is)."""
@@ -793,26 +798,24 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     return torch.where(ratio > high, l2_coef * factor, torch.where(ratio < low, l2_coef / factor, l2_coef))
 
 
-class RewardTrainer:
-    """Trains the reward ensemble on the label buffer, and carries what its training needs from one call to the next:
-    the Adam optimiser, each member's L2 coefficient (C17 2.2.3), the training rounds so far and the latest validation
-    figures (train_loss, val_loss per member; val_accuracy)."""
+class RewardModelTraining:
+    """The reward ensemble with what its training carries from one iteration to the next: Adam, each member's L2
+    coefficient, the number of training rounds so far, and the latest validation figures."""
 
-    def __init__(self, ensemble, args):
-        self.ensemble, self.args = ensemble, args
-        self.optimizer = optim.Adam(ensemble.parameters(), lr=args.reward_lr)
+    def __init__(self, ensemble, learning_rate):
+        self.ensemble = ensemble
+        self.optimizer = optim.Adam(ensemble.parameters(), lr=learning_rate)
         self.l2_coef = torch.full((ensemble.size,), 1e-4)
-        self.training_rounds = 0  # every --reward-eval-every-th round of the run is followed by a validation
+        self.rounds = 0  # training rounds so far; every --reward-eval-every-th is followed by a validation pass
         self.train_loss = self.val_loss = torch.full((ensemble.size,), math.nan)
         self.val_accuracy = math.nan
 
-    def train(self, buffer, rounds, steps_per_round, rng, validate_last=False):
-        """`rounds` rounds of `steps_per_round` Adam steps. After every --reward-eval-every-th round of the run (and
-        after the last of these with `validate_last`): validate, refit the normalisation of the reward PPO gets on
-        the labelled steps (C17 2.2.1), and adapt each member's L2 coefficient to its validation loss."""
-        args = self.args
-        for round_of_call in range(1, rounds + 1):
-            reward_gradient_steps(
+    def train(self, buffer, rounds, steps_per_round, args, rng, validate_at_end=False):
+        """`rounds` rounds of `steps_per_round` Adam steps. Every --reward-eval-every-th round (and the last, with
+        `validate_at_end`) is followed by a validation pass: the figures, the L2 coefficients adapted to them, and the
+        reward normalisation refit."""
+        for round_in_call in range(1, rounds + 1):
+            train_reward_model(
                 self.ensemble,
                 self.optimizer,
                 buffer,
@@ -823,35 +826,52 @@ class RewardTrainer:
                 args.label_noise,
                 rng,
             )
-            self.training_rounds += 1
-            if self.training_rounds % args.reward_eval_every == 0 or (validate_last and round_of_call == rounds):
+            self.rounds += 1
+            if self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds):
                 labels = buffer.get()
-                step_rewards = label_step_rewards(self.ensemble, labels, args.observation)  # (members, labels, 2, L)
+                step_rewards = label_step_rewards(self.ensemble, labels, args.observation)  # once: frames are costly
                 self.train_loss, self.val_loss, self.val_accuracy = validate_reward_model(
                     step_rewards, labels, args.label_noise
                 )
-                self.ensemble.fit_normalization(step_rewards.reshape(self.ensemble.size, -1), args.reward_std)
                 self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
+                fit_reward_normalization(self.ensemble, step_rewards, args.reward_std)
 
-    def pretrain(self, buffer, rng):
-        """C17 A.2: --pretrain-epochs passes over the labels before RL starts, then a validation; prints its figures."""
-        epoch_steps = math.ceil(buffer.size / self.args.reward_batch_size)
-        self.train(buffer, self.args.pretrain_epochs, epoch_steps, rng, validate_last=True)
-        print(
-            f"reward model {'fitted' if self.args.offline else 'pretrained'} on {buffer.size} labels: val accuracy "
-            f"{self.val_accuracy:.2f}, train loss {self.train_loss.nanmean():.3f}, val loss {self.val_loss.nanmean():.3f}"
-        )
+    def state_dict(self):
+        """Under the checkpoint keys of earlier versions of this script (`fits`: the training rounds)."""
+        return {
+            "reward_ensemble": self.ensemble.state_dict(),
+            "reward_optimizer": self.optimizer.state_dict(),
+            "l2_coef": self.l2_coef,
+            "fits": self.rounds,
+            "reward_evaluation": (self.train_loss, self.val_loss, self.val_accuracy),
+        }
+
+    def load_state_dict(self, state):
+        self.ensemble.load_state_dict(state["reward_ensemble"])
+        self.optimizer.load_state_dict(state["reward_optimizer"])
+        self.l2_coef = state["l2_coef"]
+        if "fits" in state:  # checkpoints from before exact resumption have no counters
+            self.rounds, (self.train_loss, self.val_loss, self.val_accuracy) = state["fits"], state["reward_evaluation"]
 
 
-# RLHF: what the training loop calls each iteration
-def query_labels(teacher, buffer, database, scheduled, rollout, ensemble, pretraining, args, rng):
-    """Ask the teacher for the labels the schedule has called for so far (`scheduled`) that are neither held nor on
-    their way (a resumed run asks nothing twice; pairs the teacher skipped are replaced by new ones), chosen from this
-    rollout (C17 2.2.4); then store the answers received so far."""
-    to_ask = scheduled - buffer.size - teacher.pending
+def pretrain_reward_model(reward_training, buffer, args, rng):
+    """C17 A.2: --pretrain-epochs passes over the pretraining labels (offline: the database) before RL starts, then a
+    validation pass."""
+    epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
+    reward_training.train(buffer, args.pretrain_epochs, epoch_steps, args, rng, validate_at_end=True)
+    print(
+        f"reward model {'fitted' if args.offline else 'pretrained'} on {buffer.size} labels: val accuracy "
+        f"{reward_training.val_accuracy:.2f}, train loss {reward_training.train_loss.nanmean():.3f}, "
+        f"val loss {reward_training.val_loss.nanmean():.3f}"
+    )
+
+
+# RLHF: ask the teacher, store its answers
+def query_labels(rng, ensemble, teacher, buffer, database, rollout, labels_due, selection, args):
+    """Ask the teacher for the labels the schedule has due so far, less those held or on their way (a resumed run asks
+    nothing twice; pairs the teacher skipped are replaced by new ones), then store every answer received."""
+    to_ask = labels_due - buffer.size - teacher.pending
     if to_ask > 0:
-        # before RL the members are untrained and their disagreement is noise; the blog's database holds random pairs
-        selection = "random" if pretraining or args.offline else args.selection
         left, right = select_pairs(
             rng, ensemble, args.observation, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection
         )
@@ -860,45 +880,44 @@ def query_labels(teacher, buffer, database, scheduled, rollout, ensemble, pretra
 
 
 def store_answers(teacher, buffer, database):
-    """Move the teacher's answers into the label buffer (and, offline, into the preference database)."""
+    """The teacher's answers into the label buffer (and, offline, into the preference database)."""
     for left, right, mu in teacher.poll():
         buffer.add(left, right, mu)
         if database is not None:
             database.add(left, right, mu)
 
 
-def log_predicted_returns(writer, global_step, rewards, truncations, predicted_return):
-    """Adds the rollout's learned rewards (steps, envs) to each environment's predicted return of its episode so far
-    (`predicted_return`, updated in place); logs those of the episodes that ended in the rollout (next to their true
-    returns) and returns them."""
-    ended = []
+# RLHF: what the run logs about the learned reward
+def finish_episode_returns(rewards, dones, episode_returns):
+    """Add a rollout's rewards (steps, envs) to each environment's episode return so far (`episode_returns`, in place);
+    returns the returns of the episodes that ended, in order."""
+    finished = []
     for t in range(len(rewards)):
-        predicted_return += rewards[t]
-        ended += list(predicted_return[truncations[t]])
-        predicted_return[truncations[t]] = 0.0
-    for episode_return in ended:
-        writer.add_scalar("charts/predicted_return", episode_return, global_step)
-    return ended
+        episode_returns += rewards[t]
+        finished += [episode_returns[i] for i in np.flatnonzero(dones[t])]
+        episode_returns[dones[t]] = 0.0
+    return finished
 
 
-def log_reward_model(writer, global_step, reward_trainer, buffer, teacher, rewards, true_rewards):
-    """TensorBoard figures of the reward model and the labels; returns the correlation of the rollout's learned
-    reward with its true reward (offline: how far the frozen model drifts from it)."""
-    constant = rewards.std() == 0 or true_rewards.std() == 0
-    correlation = math.nan if constant else np.corrcoef(rewards.ravel(), true_rewards.ravel())[0, 1]
-    writer.add_scalar("reward_model/loss", reward_trainer.train_loss.nanmean().item(), global_step)
-    writer.add_scalar("reward_model/val_loss", reward_trainer.val_loss.nanmean().item(), global_step)
-    writer.add_scalar("reward_model/val_accuracy", reward_trainer.val_accuracy, global_step)
-    writer.add_scalar("reward_model/l2", reward_trainer.l2_coef.mean().item(), global_step)
+def log_reward_model(writer, global_step, reward_training, buffer, teacher, learned_rewards, true_rewards, label_budget):
+    """The reward model's figures and the label counts, to TensorBoard; returns them for the progress line. The
+    correlation of the learned with the true reward says how well it tracks it (offline: how far the frozen model
+    drifts)."""
+    constant = learned_rewards.std() == 0 or true_rewards.std() == 0
+    correlation = math.nan if constant else np.corrcoef(learned_rewards.ravel(), true_rewards.ravel())[0, 1]
+    writer.add_scalar("reward_model/loss", reward_training.train_loss.nanmean().item(), global_step)
+    writer.add_scalar("reward_model/val_loss", reward_training.val_loss.nanmean().item(), global_step)
+    writer.add_scalar("reward_model/val_accuracy", reward_training.val_accuracy, global_step)
+    writer.add_scalar("reward_model/l2", reward_training.l2_coef.mean().item(), global_step)
     writer.add_scalar("reward_model/true_correlation", correlation, global_step)
     writer.add_scalar("labels/total", buffer.size, global_step)
     writer.add_scalar("labels/pending", teacher.pending, global_step)
-    return correlation
+    return f", labels {buffer.size}/{label_budget}, val acc {reward_training.val_accuracy:.2f}, corr {correlation:.2f}"
 
 
 # RLHF: the one place that asks which teacher the run has
 def make_teacher(args, run_dir, rng):
-    """The teacher of --feedback (None for true-reward), with SyntheticTeacher's interface."""
+    """The teacher --feedback names, with SyntheticTeacher's interface."""
     if args.feedback == "synthetic":
         return SyntheticTeacher(
             rng,
@@ -908,13 +927,9 @@ def make_teacher(args, run_dir, rng):
             args.teacher_skip_threshold,
             args.teacher_equal_margin,
         )
-    if args.feedback == "human":
-        teacher = HumanTeacher(run_dir, args.label_server, args.label_token, args.instruction, args.clip_fps)
-        print(
-            f"human feedback: pairs go to {args.label_server}/ (experiment {teacher.experiment}); open it in a browser to label"
-        )
-        return teacher
-    return None
+    teacher = HumanTeacher(run_dir, args.label_server, args.label_token, args.instruction, args.clip_fps)
+    print(f"human feedback: pairs go to {args.label_server}/ (experiment {teacher.experiment}); open it in a browser to label")
+    return teacher
 
 
 def no_pretraining_label_error(args: Args, run_dir: str) -> str:
@@ -1131,7 +1146,7 @@ class HumanTeacher:
 # Infrastructure: stopping, saving and resuming. A checkpoint holds, besides the networks, everything that makes a
 # resumed run go on exactly as if it had never stopped (tests/test_moving_dot.py checks it bit for bit).
 # =====================================================================================================================
-def stop_flag_on_signals():
+def stop_on_signals():
     """A threading.Event set by Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM): the loop stops at the end
     of the iteration in progress, where the checkpoint resumes it exactly. A second signal stops at once, unsaved."""
     stop_requested = threading.Event()
@@ -1219,20 +1234,22 @@ def restore_environment_states(envs, states):
         statistics.episode_returns, statistics.episode_lengths, statistics.episode_count = state["episode"]
 
 
-def read_checkpoint(run_dir):
+def load_checkpoint(run_dir):
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     if not os.path.isfile(checkpoint_path):
         raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
     return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
 
 
-def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_trainer, envs, next_obs, predicted_return, rng):
+def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng):
     """Everything needed to evaluate the agent or to resume the run after `iteration` (the last completed one), with
-    the run's state at this moment (the end of that iteration when the run was stopped by a signal)."""
+    the run's state at this moment (the end of that iteration when the run was stopped by a signal): the episodes in
+    progress, every random stream, the observation the next step starts from and the counters."""
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),
         "optimizer": optimizer.state_dict(),
+        **(reward_training.state_dict() if reward_training else {"reward_ensemble": None, "reward_optimizer": None}),
         "global_step": iteration * args.batch_size,
         "iteration": iteration,
         "random_states": random_states(rng, next_obs.device),
@@ -1240,41 +1257,19 @@ def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_trainer, 
         "next_obs": next_obs.cpu(),
         "predicted_episode_return": predicted_return,
     }
-    if reward_trainer is not None:  # RLHF: the reward model and its training (the keys of older checkpoints)
-        state["reward_ensemble"] = reward_trainer.ensemble.state_dict()
-        state["reward_optimizer"] = reward_trainer.optimizer.state_dict()
-        state["l2_coef"] = reward_trainer.l2_coef
-        state["fits"] = reward_trainer.training_rounds
-        state["reward_evaluation"] = (reward_trainer.train_loss, reward_trainer.val_loss, reward_trainer.val_accuracy)
     path = f"{run_dir}/checkpoint.pt"
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
 
 
-def restore_training(checkpoint, agent, optimizer, reward_trainer, buffer, teacher, labels_path):
-    """The networks, optimisers and reward-model state of a checkpoint, the run's labels and the teacher's unanswered
-    pairs; returns (first iteration to run, global step)."""
+def restore_checkpoint(checkpoint, agent, optimizer, reward_training):
+    """The networks, optimisers and reward-model state of a checkpoint; returns (the first iteration to run, its step
+    count)."""
     agent.load_state_dict(checkpoint["agent"])
     optimizer.load_state_dict(checkpoint["optimizer"])
-    if reward_trainer is not None:
-        reward_trainer.ensemble.load_state_dict(checkpoint["reward_ensemble"])
-        reward_trainer.optimizer.load_state_dict(checkpoint["reward_optimizer"])
-        reward_trainer.l2_coef = checkpoint["l2_coef"]
-        buffer.load(labels_path)
-        teacher.load()
+    if reward_training:
+        reward_training.load_state_dict(checkpoint)
     return checkpoint["iteration"] + 1, checkpoint["global_step"]
-
-
-def restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_return, device):
-    """Where the run stopped: every random generator, the environments, the reward model's training counters and each
-    environment's predicted return so far (updated in place); returns the next observation."""
-    restore_random_states(rng, checkpoint["random_states"])
-    restore_environment_states(envs, checkpoint["env_states"])
-    if reward_trainer is not None:
-        reward_trainer.training_rounds = checkpoint["fits"]
-        reward_trainer.train_loss, reward_trainer.val_loss, reward_trainer.val_accuracy = checkpoint["reward_evaluation"]
-    predicted_return[:] = checkpoint["predicted_episode_return"]
-    return checkpoint["next_obs"].to(device)
 
 
 # Evaluation of a saved agent
@@ -1301,22 +1296,19 @@ def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    checkpoint = read_checkpoint(args.resume) if args.resume else None
-    if checkpoint is not None:
-        # Infrastructure: a resumed run keeps its own settings; only what to do with it comes from this command line
+    checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
+    if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
         resume_overrides = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
         args = Args(**{**checkpoint["args"], **resume_overrides})
-        if args.eval_only:
-            returns = evaluate(
-                os.path.join(args.resume, "checkpoint.pt"), args.observation, args.episode_steps, args.eval_episodes, args.seed
-            )
-            print(
-                f"eval: {len(returns)} episodes of MovingDot-v0: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}"
-            )
-            sys.exit(0)
+    if args.eval_only:
+        if checkpoint is None:
+            raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
+        checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
+        returns = evaluate(checkpoint_path, args.observation, args.episode_steps, args.eval_episodes, args.seed)
+        print(f"eval: {len(returns)} episodes of MovingDot-v0: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
+        sys.exit(0)
+    if args.resume:
         run_dir = os.path.normpath(args.resume)
-    elif args.eval_only:
-        raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
     else:
         run_dir = f"runs/MovingDot-v0-{args.observation}__{args.exp_name}__{args.seed}__{int(time.time())}"
     fill_runtime_fields(args)
@@ -1335,7 +1327,7 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.seed)  # RLHF: segments, teacher, bootstrap weights, reward-model minibatches
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # env setup
@@ -1348,22 +1340,23 @@ if __name__ == "__main__":
     agent = Agent(obs_shape, num_actions).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
-    # RLHF: reward ensemble and its training, labels, teacher and label schedule
-    ensemble = reward_trainer = buffer = None
-    if rlhf:
-        ensemble = RewardEnsemble(obs_shape, num_actions, args.ensemble_size)
-        reward_trainer = RewardTrainer(ensemble, args)
-        buffer = LabelBuffer(args.labels, args.segment_len, args.ensemble_size, rng)
-    teacher = make_teacher(args, run_dir, rng)
+    # RLHF: the label schedule, the reward ensemble and its training, the labels, the teacher
     schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
     pretrain_labels = int(schedule[: args.pretrain_iterations].sum())
     labels_path = f"{run_dir}/labels.npz"
+    ensemble = reward_training = buffer = teacher = None
+    if rlhf:
+        ensemble = RewardEnsemble(obs_shape, num_actions, args.ensemble_size)
+        reward_training = RewardModelTraining(ensemble, args.reward_lr)
+        buffer = LabelBuffer(args.labels, args.segment_len, args.ensemble_size, rng)
+        teacher = make_teacher(args, run_dir, rng)
 
     start_iteration, global_step = 1, 0
-    if checkpoint is not None:  # Infrastructure: resume with the saved networks, labels and unanswered pairs
-        start_iteration, global_step = restore_training(
-            checkpoint, agent, optimizer, reward_trainer, buffer, teacher, labels_path
-        )
+    if checkpoint is not None:  # Infrastructure: resume
+        start_iteration, global_step = restore_checkpoint(checkpoint, agent, optimizer, reward_training)
+        if rlhf:
+            buffer.load(labels_path)
+            teacher.load()
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
     database = None
     if args.offline:  # RLHF (offline): pairs already in the database are reused; only the missing ones are labelled
@@ -1384,19 +1377,20 @@ if __name__ == "__main__":
     truncations = np.zeros((args.num_steps, args.num_envs), bool)  # PPO change: episodes end only by the time limit
     predicted_return = np.zeros(args.num_envs)  # RLHF: each environment's predicted return of its episode so far
 
+    # TRY NOT TO MODIFY: start the game
     if rlhf:
         teacher.start()
-
-    # TRY NOT TO MODIFY: start the game
     start_time, start_step, last_label_save = time.time(), global_step, time.time()
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs).to(device)
-    if checkpoint is not None and "random_states" in checkpoint:  # Infrastructure: go on where the run stopped
-        next_obs = restore_run_state(checkpoint, rng, envs, reward_trainer, predicted_return, device)
+    if checkpoint is not None and "random_states" in checkpoint:  # Infrastructure: resume where the run stopped
+        restore_environment_states(envs, checkpoint["env_states"])
+        restore_random_states(rng, checkpoint["random_states"])
+        next_obs, predicted_return[:] = checkpoint["next_obs"].to(device), checkpoint["predicted_episode_return"]
     recent_returns, recent_predicted = [], []
     # Infrastructure: the last iteration whose update finished: what a checkpoint resumes after
     completed = start_iteration - 1
-    stop_requested = stop_flag_on_signals()
+    stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     run_error = None  # why the run cannot go on, raised once everything is saved
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1432,19 +1426,22 @@ if __name__ == "__main__":
             next_obs = torch.as_tensor(next_obs).to(device)
 
         rollout_actions = actions.cpu().numpy()
-        if rlhf:  # RLHF: labels for this iteration (C17 A.1 schedule, 2.2.4 selection), then the reward model's training
+        if rlhf:
+            # RLHF: ask for the labels the schedule has due (C17 A.1). Pairs where the members disagree most (C17 2.2.4);
+            # random ones before RL (untrained members' disagreement is noise) and offline (the blog's database)
             rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards, "truncated": truncations}
-            query_labels(teacher, buffer, database, int(schedule[:iteration].sum()), rollout, ensemble, pretraining, args, rng)
-            if iteration == args.pretrain_iterations:  # C17 A.1: RL starts on a reward model fitted to these labels
+            selection = "random" if pretraining or args.offline else args.selection
+            query_labels(rng, ensemble, teacher, buffer, database, rollout, int(schedule[:iteration].sum()), selection, args)
+            if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):
                     break  # people label asynchronously, but RL cannot start without these: done again on --resume
                 store_answers(teacher, buffer, database)
                 if buffer.size == 0:
                     run_error = no_pretraining_label_error(args, run_dir)
                     break  # the labels (and the checkpoint) are saved below
-                reward_trainer.pretrain(buffer, rng)
+                pretrain_reward_model(reward_training, buffer, args, rng)
             elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen)
-                reward_trainer.train(buffer, 1, args.reward_updates, rng)
+                reward_training.train(buffer, 1, args.reward_updates, args, rng)
             last_label_save = save_labels_if_due(buffer, teacher, labels_path, last_label_save)  # Infrastructure
 
         if pretraining:
@@ -1455,7 +1452,9 @@ if __name__ == "__main__":
 
         if rlhf:  # RLHF: the reward PPO optimises, for the whole rollout in one batched call
             rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
-            recent_predicted += log_predicted_returns(writer, global_step, rewards_np, truncations, predicted_return)
+            for episode_return in finish_episode_returns(rewards_np, truncations, predicted_return):
+                recent_predicted.append(episode_return)  # whole episodes under the learned reward, next to the true one
+                writer.add_scalar("charts/predicted_return", episode_return, global_step)
         else:
             rewards_np = true_rewards.copy()
         # PPO change (README "The moving dot"): every episode end is a time-limit cut, bootstrapped from the cut state;
@@ -1555,17 +1554,18 @@ if __name__ == "__main__":
         line = f"step {global_step}, SPS {sps}"
         if recent_returns:
             line += f", true return {np.mean(recent_returns[-10:]):.1f}"
-        if rlhf:  # RLHF: how well the learned reward tracks the true one
-            correlation = log_reward_model(writer, global_step, reward_trainer, buffer, teacher, rewards_np, true_rewards)
+        if rlhf:  # RLHF: the reward model's figures, and how well the learned reward tracks the true one
             if recent_predicted:
                 line += f", predicted return {np.mean(recent_predicted[-10:]):.1f}"
-            line += f", labels {buffer.size}/{args.labels}, val acc {reward_trainer.val_accuracy:.2f}, corr {correlation:.2f}"
+            line += log_reward_model(
+                writer, global_step, reward_training, buffer, teacher, rewards_np, true_rewards, args.labels
+            )
         print(line)
         recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
 
         completed = iteration
         if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
-            save_checkpoint(run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_return, rng)
+            save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng)
 
     # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels always, the
     # checkpoint with --save-model; continue with --resume)
@@ -1578,7 +1578,7 @@ if __name__ == "__main__":
     if database is not None:
         database.close()
     if args.save_model:
-        save_checkpoint(run_dir, args, completed, agent, optimizer, reward_trainer, envs, next_obs, predicted_return, rng)
+        save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng)
         print(f"checkpoint saved to {run_dir}/checkpoint.pt")
     envs.close()
     writer.close()

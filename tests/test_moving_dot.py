@@ -217,10 +217,11 @@ def test_reward_model_learns_the_dots_reward_from_synthetic_preferences():
     buffer = dot.LabelBuffer(400, 10, 3, rng)
     buffer.add(left, right, dot.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"]))
     ensemble = dot.RewardEnsemble((2,), 5, 3)
-    # one round of 800 Adam steps (batches of 64, learning rate 1e-3), then validation and the reward normalisation
-    trainer = dot.RewardTrainer(ensemble, dot.Args(reward_lr=1e-3, reward_batch_size=64, label_noise=0.1, reward_std=1.0))
-    trainer.train(buffer, 1, 800, rng, validate_last=True)
-    val_accuracy = trainer.val_accuracy
+    optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
+    dot.train_reward_model(ensemble, optimizer, buffer, "position", torch.full((3,), 1e-4), 800, 64, 0.1, rng)
+    step_rewards = dot.label_step_rewards(ensemble, buffer.get(), "position")
+    _, _, val_accuracy = dot.validate_reward_model(step_rewards, buffer.get(), 0.1)
+    dot.fit_reward_normalization(ensemble, step_rewards, 1.0)
     fresh = walk(2000)
     predicted = ensemble.normalized_reward(
         torch.as_tensor(dot.observe(fresh["position"], "position")), torch.as_tensor(fresh["act"])
