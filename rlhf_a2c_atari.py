@@ -1,5 +1,5 @@
 # A2C on Atari from preferences over 25-step clips (C17 section 3.1.2 and appendix A.2): docs in README.md "Atari",
-# results in benchmark/README.md "Atari"
+# results in benchmark/README.md (the Pong sections)
 import collections
 import difflib
 import json
@@ -1215,7 +1215,8 @@ class HumanTeacher:
     def close(self):
         """Stop the thread and save the unanswered pairs."""
         self.stop.set()
-        self.thread.join(timeout=60)
+        if self.thread.is_alive():  # never started: nothing to wait for
+            self.thread.join(timeout=60)
         self.save()
         print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
 
@@ -1433,9 +1434,11 @@ if __name__ == "__main__":
         if stop_requested.is_set():  # Infrastructure: Ctrl-C or SIGTERM
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            lrnow = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = lrnow
 
         for step in range(0, args.num_steps):
             global_step += args.num_envs

@@ -418,7 +418,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
-# PPO change (README "The moving dot"): the time limit cuts an episode that could go on, so its last step is bootstrapped
+# PPO change (README "Changes to PPO"): the time limit cuts an episode that could go on, so its last step is bootstrapped
 @torch.no_grad()
 def truncation_values(agent, infos, truncated, device):
     """The critic's value of the state each environment's episode was cut at by the time limit in this step (0
@@ -1113,7 +1113,8 @@ class HumanTeacher:
 
     def close(self):
         self.stop.set()
-        self.thread.join(timeout=60)
+        if self.thread.is_alive():  # never started: nothing to wait for
+            self.thread.join(timeout=60)
         print(f"{self.pending} unanswered pairs saved to {self.path} (asked again on --resume)")
 
     # --- persistence: asked but unanswered pairs survive a stopped run ---
@@ -1397,9 +1398,11 @@ if __name__ == "__main__":
         if stop_requested.is_set():
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
+        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            lrnow = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = lrnow
 
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1416,7 +1419,7 @@ if __name__ == "__main__":
             # TRY NOT TO MODIFY: execute the game and log data.
             next_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
             true_rewards[step], truncations[step] = reward, truncated
-            bootstrap[step] = truncation_values(agent, infos, truncated, device)  # PPO change (README "The moving dot")
+            bootstrap[step] = truncation_values(agent, infos, truncated, device)  # PPO change (README "Changes to PPO")
             episodes = infos["final_info"].get("episode") if "final_info" in infos else None
             if episodes is not None:
                 for i in np.flatnonzero(infos["final_info"]["_episode"]):
@@ -1457,7 +1460,7 @@ if __name__ == "__main__":
                 writer.add_scalar("charts/predicted_return", episode_return, global_step)
         else:
             rewards_np = true_rewards.copy()
-        # PPO change (README "The moving dot"): every episode end is a time-limit cut, bootstrapped from the cut state;
+        # PPO change (README "Changes to PPO"): every episode end is a time-limit cut, bootstrapped from the cut state;
         # step_dones[t] says the episode ended at step t (its bootstrap is in rewards[t])
         rewards = torch.as_tensor(rewards_np + args.gamma * bootstrap * truncations, dtype=torch.float32).to(device)
         step_dones = torch.as_tensor(truncations, dtype=torch.float32).to(device)

@@ -1041,7 +1041,8 @@ class HumanTeacher:
     def close(self):
         """Stop the thread and save the pairs nobody has answered yet."""
         self.stop.set()
-        self.thread.join(timeout=60)
+        if self.thread.is_alive():  # never started: nothing to wait for
+            self.thread.join(timeout=60)
         self.save()
         print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Speed benchmark: steps/s of RLHF (synthetic labels) over steps/s of the true-reward mode, the two run side by side
 # (one per core) on the same machine, repeated; also the peak resident memory of each run.
-# Usage: bash benchmark/run_speed.sh [ENV] [STEPS] [REPEATS] [LABELS]   (run from the repository root)
+# Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/run_speed.sh [ENV] [STEPS] [REPEATS] [LABELS]   (from the repository root)
 set -euo pipefail
 env_id=${1:-Hopper-v4}
 steps=${2:-102400}
 repeats=${3:-3}
 labels=${4:-1400}
-out=benchmark/logs/speed
+out=${OUT:-benchmark/logs/speed}  # OUT=folder keeps earlier logs
 mkdir -p "$out"
 for r in $(seq 1 "$repeats"); do
   for mode in true-reward synthetic; do

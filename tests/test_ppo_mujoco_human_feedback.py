@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import rlhf_ppo_mujoco as rl
 import torch
 from helpers import SCRIPT, free_port, only_run_dir, rating_by_script
@@ -18,6 +19,7 @@ HUMAN = (
 )
 
 
+@pytest.mark.slow
 def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_server):
     port = free_port()
     trainer = subprocess.Popen(

@@ -1,10 +1,12 @@
 """Learning from preferences alone, on the smallest MuJoCo task that shows it (a few minutes on 2 cores)."""
 
 import numpy as np
+import pytest
 
 from helpers import only_run_dir, run_script, scalars
 
 
+@pytest.mark.slow
 def test_inverted_pendulum_balances_from_synthetic_preferences(tmp_path):
     args = (
         "--env InvertedPendulum-v4 --total-timesteps 40960 --num-steps 1024 --pretrain-steps 2048 --labels 300"

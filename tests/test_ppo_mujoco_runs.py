@@ -1,5 +1,6 @@
 """rlhf_ppo_mujoco.py run as a user runs it: in a subprocess, judged by what it writes (TensorBoard, labels, checkpoint)."""
 
+import re
 import signal
 
 import imageio
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
 import torch
+import tyro
 from helpers import (
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -24,6 +26,7 @@ TINY = "--env Hopper-v4 --total-timesteps 3072 --num-steps 512 --pretrain-steps 
 TINY += " --pretrain-epochs 5 --reward-eval-every 2"
 
 
+@pytest.mark.slow
 def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     result = run_script(tmp_path, TINY + " --save-model")
     assert result.returncode == 0, result.stderr
@@ -49,6 +52,7 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     assert "eval: 2 episodes of Hopper-v4: true return" in evaluation.stdout
 
 
+@pytest.mark.slow
 def test_true_reward_mode_queries_no_labels(tmp_path):
     result = run_script(tmp_path, TINY + " --feedback true-reward")
     assert result.returncode == 0, result.stderr
@@ -61,10 +65,12 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
     assert logged["losses/policy_loss"][0][0] == 512
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):
     assert_sigterm_stops_like_ctrl_c(tmp_path, TINY.replace("--total-timesteps 3072", "--total-timesteps 16384"))
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path):
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
     (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
@@ -92,6 +98,7 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
         np.testing.assert_array_equal(labels[key], expected_labels[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
     """A run killed after a label save and before the next checkpoint resumes with more labels than its checkpoint
     knew of: it must ask only what the schedule still lacks, never a label twice, and never drop one."""
@@ -120,6 +127,7 @@ def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
         assert total == max(held + 7, scheduled_so_far[step // run_args.batch_size - 1]), step
 
 
+@pytest.mark.slow
 def test_pretraining_pairs_are_drawn_at_random_whatever_the_selection(tmp_path):
     """Before RL the ensemble is untrained and its disagreement is noise (rlhf_a2c_atari.py does the same)."""
     for selection in ("variance", "random"):
@@ -131,6 +139,7 @@ def test_pretraining_pairs_are_drawn_at_random_whatever_the_selection(tmp_path):
     assert not np.array_equal(variance["obs"][10:], random["obs"][10:])  # then variance selection chooses
 
 
+@pytest.mark.slow
 def test_a_budget_of_one_or_two_labels_still_pretrains_on_one(tmp_path):
     result = run_script(tmp_path, TINY.replace("--labels 40", "--labels 2"))
     assert result.returncode == 0, result.stderr
@@ -140,32 +149,50 @@ def test_a_budget_of_one_or_two_labels_still_pretrains_on_one(tmp_path):
     assert np.isfinite([v for _, v in logged["losses/value_loss"]]).all()
 
 
+@pytest.mark.slow
 def test_a_teacher_that_answers_no_pretraining_pair_stops_the_run_with_a_message(tmp_path):
     result = run_script(tmp_path, TINY + " --teacher-skip-threshold 1e9")
     assert_clear_error(result, "no pretraining label")
     assert (only_run_dir(tmp_path) / "labels.npz").exists()
 
 
+BAD_SETTINGS = [
+    ("--env Hoper-v4", "unknown environment id 'Hoper-v4'. Did you mean: Hopper-v4"),
+    ("--labels 0", "--labels must be positive"),
+    ("--segment-len 4096 --num-steps 2048", "--segment-len 4096 must be between 2 and the rollout length"),
+    ("--labels 100000 --total-timesteps 100000", "--labels 100000 is too large for this run"),
+    ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
+    ("--num-minibatches 3", "must divide into --num-minibatches 3"),
+    ("--env CartPole-v1", "is not a MuJoCo-style task"),
+    ("--env-kwargs ctrl_cost_weight=0", "--env-kwargs must be a JSON object"),
+    ('--env-kwargs {"no_such_keyword":1}', "cannot create Hopper-v4 with --env-kwargs"),
+]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # validate_args probes Hopper-v4 (gymnasium prefers v5)
+@pytest.mark.parametrize("args, message", BAD_SETTINGS)
+def test_impossible_settings_are_refused_with_a_message(args, message):
+    settings = tyro.cli(rl.Args, args=args.split())
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        rl.fill_runtime_fields(settings)
+        rl.validate_args(settings)
+
+
+# each bad command line run as a user runs it, in a subprocess (two in the fast subset: the others are checked above)
 @pytest.mark.parametrize(
     "args, message",
-    [
-        ("--env Hoper-v4", "unknown environment id 'Hoper-v4'. Did you mean: Hopper-v4"),
-        ("--labels 0", "--labels must be positive"),
-        ("--segment-len 4096 --num-steps 2048", "--segment-len 4096 must be between 2 and the rollout length"),
-        ("--labels 100000 --total-timesteps 100000", "--labels 100000 is too large for this run"),
-        ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
-        ("--num-minibatches 3", "must divide into --num-minibatches 3"),
+    [pytest.param(*case, marks=pytest.mark.slow) for case in BAD_SETTINGS[1:]]
+    + [
+        BAD_SETTINGS[0],
         ("--eval-only", "--eval-only needs --resume"),
         ("--resume runs/nothing-here", "no checkpoint at runs/nothing-here/checkpoint.pt"),
-        ("--env CartPole-v1", "is not a MuJoCo-style task"),
-        ("--env-kwargs ctrl_cost_weight=0", "--env-kwargs must be a JSON object"),
-        ('--env-kwargs {"no_such_keyword":1}', "cannot create Hopper-v4 with --env-kwargs"),
     ],
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
 
 
+@pytest.mark.slow
 def test_env_kwargs_give_c17s_reward_without_torque_penalties(tmp_path):
     """C17 A.1 removed the torque penalty from the reward: with ctrl_cost_weight 0, the same actions (the first
     rollout, before any update) earn exactly the standard return plus the penalties the standard reward takes off."""
@@ -186,6 +213,7 @@ def test_env_kwargs_give_c17s_reward_without_torque_penalties(tmp_path):
         assert 0 < c17 - standard < 1e-3 * 3 * length + 1e-4  # each step's penalty is 1e-3 x |action|^2, actions clipped to 1
 
 
+@pytest.mark.slow
 def test_capture_video_writes_playable_clips(tmp_path):
     result = run_script(tmp_path, TINY.replace("Hopper-v4", "InvertedPendulum-v4") + " --capture-video")
     assert result.returncode == 0, result.stderr

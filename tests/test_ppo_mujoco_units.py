@@ -3,6 +3,7 @@ label schedule. Expectations come from the definitions (C17, B-Pref) or from see
 on an environment."""
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -558,6 +559,47 @@ def test_teacher_calls_pairs_within_the_margin_equal(rng):
     mu = rl.SyntheticTeacher(rng, equal_margin=margin).preferences(left, right)
     assert (np.abs(diff) <= margin).mean() > 0.05
     np.testing.assert_array_equal(mu, np.where(np.abs(diff) <= margin, 0.5, (diff > 0).astype(float)))
+
+
+@pytest.mark.parametrize("feedback", ["synthetic", "human"])
+def test_every_teacher_has_the_interface_the_training_loop_uses(tmp_path, feedback, rng):
+    """The loop never asks which teacher it has: make_teacher builds it; start, ask, poll, pending, wait_for_answers,
+    save, load and close do the rest."""
+    args = rl.Args(feedback=feedback, label_server="http://127.0.0.1:9")
+    teacher = rl.make_teacher(args, str(tmp_path), rng, {})
+    assert isinstance(teacher, rl.SyntheticTeacher if feedback == "synthetic" else rl.HumanTeacher)
+    teacher.load()  # a new run: nothing to load
+    left, right = make_segments(rng, 3, 5), make_segments(rng, 3, 5)
+    for segments in (left, right):
+        segments["sim_state"] = rng.normal(size=(3, 12))
+    teacher.ask(left, right)
+    stop = threading.Event()
+    if feedback == "synthetic":  # it answers when asked
+        assert teacher.start() is teacher and teacher.wait_for_answers(stop)
+        ((answered_left, _, mu),) = teacher.poll()
+        np.testing.assert_array_equal(answered_left["obs"], left["obs"])
+        assert teacher.pending == 0 and len(mu) == 3 and teacher.poll() == []
+    else:  # not started: nothing is sent, every pair waits for people
+        stop.set()
+        assert not teacher.wait_for_answers(stop)
+        assert teacher.pending == 3 and teacher.poll() == []
+    teacher.save()
+    teacher.close()
+
+
+def test_query_labels_asks_only_what_the_schedule_lacks_and_stores_the_answers(rng):
+    buffer = fill_buffer(rng, 10)
+    teacher = rl.SyntheticTeacher(rng)
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    rollout = make_rollout(rng, 64, 2)
+    args = rl.Args(segment_len=5)
+    rl.query_labels(rng, ensemble, teacher, buffer, rollout, 10, "variance", args)
+    assert buffer.size == 10  # the buffer already holds what is due: nothing asked
+    rl.query_labels(rng, ensemble, teacher, buffer, rollout, 16, "variance", args)
+    assert buffer.size == 16  # 6 asked, answered at once, stored
+    _, _, batch = buffer.get(slice(10, 16))
+    returns = batch["true_reward"].sum(-1)  # (6, 2): the synthetic teacher's answers follow the true returns
+    np.testing.assert_array_equal(batch["mu"].numpy(), (returns[:, 0] > returns[:, 1]).float().numpy())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
