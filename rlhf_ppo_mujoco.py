@@ -675,28 +675,33 @@ def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, 
 
 
 @torch.no_grad()
-def validate_reward_model(ensemble, buffer, label_noise):
+def label_step_rewards(ensemble, buffer):
+    """Each member's raw reward for every step of every label, (members, labels, 2, L), and the labels as tensors: one
+    pass over the labels for both validate_reward_model and fit_reward_normalization."""
+    _, _, labels = buffer.get()
+    return ensemble(labels["obs"], labels["act"]), labels
+
+
+@torch.no_grad()
+def validate_reward_model(ensemble, step_rewards, labels, label_noise):
     """Each member's training loss (weighted by its bootstrap weights: the loss it was trained on) and validation loss
     (on the labels its bootstrap left out), and the share of held-out strict preferences each member orders correctly
     (averaged over members). Changes nothing."""
-    _, _, batch = buffer.get()
-    returns = ensemble.segment_returns(batch)  # (members, labels, 2)
-    losses = preference_loss(returns[..., 0], returns[..., 1], batch["mu"], label_noise)
-    is_val = batch["is_val"].T.float()
-    weight = batch["weight"].T
+    returns = ensemble.sum_segments(step_rewards, labels["mask"])  # (members, labels, 2)
+    losses = preference_loss(returns[..., 0], returns[..., 1], labels["mu"], label_noise)
+    is_val = labels["is_val"].T.float()
+    weight = labels["weight"].T
     train_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1)
     val_loss = (losses * is_val).sum(1) / is_val.sum(1)  # NaN for a member with no held-out label yet
-    correct = ((returns[..., 0] > returns[..., 1]).float() == batch["mu"]).float()
-    judged = is_val * (batch["mu"] != 0.5).float()  # "equal" answers have no right order
+    correct = ((returns[..., 0] > returns[..., 1]).float() == labels["mu"]).float()
+    judged = is_val * (labels["mu"] != 0.5).float()  # "equal" answers have no right order
     val_accuracy = ((correct * judged).sum(1) / judged.sum(1)).nanmean().item()  # members with held-out strict labels
     return train_loss, val_loss, val_accuracy
 
 
-@torch.no_grad()
-def fit_reward_normalization(ensemble, buffer, target_std):
+def fit_reward_normalization(ensemble, step_rewards, labels, target_std):
     """C17 2.2.1: refit the ensemble's normalisation on the steps the teacher has judged (absorbing steps excluded)."""
-    _, _, batch = buffer.get()
-    ensemble.fit_normalization(ensemble(batch["obs"], batch["act"])[:, batch["mask"] > 0], target_std)
+    ensemble.fit_normalization(step_rewards[:, labels["mask"] > 0], target_std)
 
 
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
@@ -735,11 +740,12 @@ class RewardModelTraining:
             )
             self.rounds += 1
             if self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds):
+                step_rewards, labels = label_step_rewards(self.ensemble, buffer)
                 self.train_loss, self.val_loss, self.val_accuracy = validate_reward_model(
-                    self.ensemble, buffer, args.label_noise
+                    self.ensemble, step_rewards, labels, args.label_noise
                 )
                 self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
-                fit_reward_normalization(self.ensemble, buffer, args.reward_std)
+                fit_reward_normalization(self.ensemble, step_rewards, labels, args.reward_std)
 
     def state_dict(self):
         return {
@@ -786,14 +792,16 @@ def update_return_scale(return_rms, rewards, dones, running_return, gamma):
 
 
 # PPO change (README "Changes to PPO"): a time limit is not a fall, so it is bootstrapped, not ended
-@torch.no_grad()
 def truncation_values(agent, obs_rms, infos, terminated, truncated, device):
     """The critic's value of the state each environment's episode was cut at by its time limit (0 elsewhere)."""
     values = np.zeros(len(truncated), np.float32)
-    cut = infos["_final_obs"] & truncated & ~terminated if "final_obs" in infos else np.zeros(len(truncated), bool)
+    if "final_obs" not in infos:  # no episode ended at this step
+        return values
+    cut = infos["_final_obs"] & truncated & ~terminated
     if cut.any():
         final_obs = normalize_obs(obs_rms, np.stack(infos["final_obs"][cut]))
-        values[cut] = agent.get_value(torch.as_tensor(final_obs).to(device)).flatten().cpu().numpy()
+        with torch.no_grad():
+            values[cut] = agent.get_value(torch.as_tensor(final_obs).to(device)).flatten().cpu().numpy()
     return values
 
 

@@ -16,6 +16,7 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
     pytest.skip("no Chromium: apt-get install chromium chromium-driver", allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="no selenium: pip install -r requirements.txt")
+pytestmark = pytest.mark.slow  # a browser session
 
 RATER = "browser-tester"
 EXPERIMENT = "browser-test"

@@ -249,8 +249,9 @@ def test_reward_model_learns_a_known_reward_from_synthetic_preferences(rng):
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     optimizer = torch.optim.Adam(ensemble.parameters(), lr=3e-3)
     rl.train_reward_model(ensemble, optimizer, buffer, torch.full((3,), 1e-4), 300, 64, 0.1, rng)
-    train_loss, val_loss, val_accuracy = rl.validate_reward_model(ensemble, buffer, 0.1)
-    rl.fit_reward_normalization(ensemble, buffer, 1.0)
+    step_rewards, labels = rl.label_step_rewards(ensemble, buffer)
+    train_loss, val_loss, val_accuracy = rl.validate_reward_model(ensemble, step_rewards, labels, 0.1)
+    rl.fit_reward_normalization(ensemble, step_rewards, labels, 1.0)
     assert train_loss.shape == val_loss.shape == (3,)
     assert val_accuracy > 0.85
     obs, act = random_steps(rng, 2000)
@@ -262,11 +263,11 @@ def test_validation_changes_nothing_and_the_normalisation_is_refit_only_when_ask
     buffer = fill_buffer(rng, 200, size=3, terminations=True)
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     before = {k: v.clone() for k, v in ensemble.state_dict().items()}
-    rl.validate_reward_model(ensemble, buffer, 0.1)
+    step_rewards, batch = rl.label_step_rewards(ensemble, buffer)
+    rl.validate_reward_model(ensemble, step_rewards, batch, 0.1)
     for key, value in ensemble.state_dict().items():
         torch.testing.assert_close(value, before[key])
-    rl.fit_reward_normalization(ensemble, buffer, 0.5)
-    _, _, batch = buffer.get()
+    rl.fit_reward_normalization(ensemble, step_rewards, batch, 0.5)
     judged = batch["mask"] > 0  # absorbing steps are not judged steps
     reward = ensemble.normalized_reward(batch["obs"][judged], batch["act"][judged]).numpy()
     assert abs(reward.mean()) < 1e-4 and reward.std() == pytest.approx(0.5, rel=1e-2)
@@ -310,7 +311,7 @@ def test_the_l2_band_compares_validation_loss_with_the_bootstrap_weighted_loss_e
     weight = rng.integers(0, 4, (300, 3)).astype(np.float32)  # multiplicities 0-3, as a bootstrap draws them
     buffer.data["weight"][:300], buffer.data["is_val"][:300] = weight, weight == 0
     ensemble = rl.RewardEnsemble(3, 1, size=3)
-    train_loss, val_loss, _ = rl.validate_reward_model(ensemble, buffer, 0.1)
+    train_loss, val_loss, _ = rl.validate_reward_model(ensemble, *rl.label_step_rewards(ensemble, buffer), 0.1)
     left, right, batch = buffer.get()
     with torch.no_grad():
         losses = rl.preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], 0.1)
