@@ -63,7 +63,7 @@ def fit(labels, train_idx, scheme, seed, args):
     for fit_round, steps in enumerate(schedule, 1):
         rl.train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, 64, 0.1, rng)
         if fit_round % 10 == 0 or fit_round == 50:
-            train_loss, val_loss, _ = rl.evaluate_reward_model(ensemble, buffer, 0.1, 1.0)
+            train_loss, val_loss, _ = rl.validate_reward_model(ensemble, *rl.label_step_rewards(ensemble, buffer), 0.1)
             if scheme == "main-before":
                 train_loss = unweighted_train_loss(ensemble, buffer, 0.1)
             l2_coef = rl.adapt_l2(l2_coef, train_loss, val_loss)
