@@ -1,4 +1,5 @@
 # PPO on MuJoCo from preferences (Christiano et al. 2017, "C17"): docs in README.md, results in benchmark/README.md
+import copy
 import difflib
 import json
 import math
@@ -12,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -64,10 +66,10 @@ class Args:
     """total timesteps of the experiments (RLHF pretraining rollouts included)"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 1
-    """the number of parallel game environments"""
-    num_steps: int = 2048
-    """the number of steps to run in each environment per policy rollout"""
+    num_envs: int = 8
+    """the number of parallel game environments (stepped together, one policy call for all: README "Changes to PPO")"""
+    num_steps: int = 256
+    """the number of steps to run in each environment per policy rollout (8 x 256: CleanRL's 2048 steps per rollout)"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
     gamma: float = 0.99
@@ -659,19 +661,29 @@ class LabelBuffer:
 
 
 # RLHF: fitting the reward model to the labels (C17 2.2.3)
+def sample_minibatches(buffer, steps, batch_size, rng):
+    """`steps` random minibatches of labels, copied out of the buffer (as buffer.get returns them)."""
+    return [buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size))) for _ in range(steps)]
+
+
+def reward_gradient_step(ensemble, optimizer, minibatch, l2_coef, label_noise):
+    """One Adam step on a minibatch of labels; each member's loss uses its own bootstrap weights."""
+    left, right, batch = minibatch
+    losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
+    weight = batch["weight"].T  # (members, batch)
+    member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+    loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
-    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
+    """`steps` Adam steps on random minibatches of labels."""
     if buffer.size == 0:
         return
-    for _ in range(steps):
-        left, right, batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
-        losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
-        weight = batch["weight"].T  # (members, batch)
-        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    for minibatch in sample_minibatches(buffer, steps, batch_size, rng):
+        reward_gradient_step(ensemble, optimizer, minibatch, l2_coef, label_noise)
 
 
 @torch.no_grad()
@@ -712,44 +724,77 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
 
 
 class RewardModelTraining:
-    """The reward ensemble with what its training carries from one iteration to the next: Adam, each member's L2
-    coefficient, the number of training rounds so far, and the latest validation figures."""
+    """The reward model's two copies (RewardEnsembles) and their training, with what it carries from one iteration to
+    the next: Adam, each member's L2 coefficient, the rounds so far, the latest validation figures.
+
+    `training_ensemble` trains: before RL on the pretraining labels (`train`), during RL one round of --reward-updates
+    steps per iteration in a thread of its own (`start_round`), as C17 2.2 fits the reward model in parallel with RL;
+    on a machine with a second core the thread hides the reward model's work. `ensemble` gives PPO its reward and
+    scores candidate pairs; it takes the trained weights when the round is done (`finish_round`), so PPO's reward is
+    one round behind. Runs stay reproducible: minibatches are drawn in the main thread, and the thread never reads the
+    buffer, which the teacher's answers write to."""
 
     def __init__(self, ensemble, learning_rate):
         self.ensemble = ensemble
-        self.optimizer = optim.Adam(ensemble.parameters(), lr=learning_rate)
+        self.training_ensemble = copy.deepcopy(ensemble)
+        self.optimizer = optim.Adam(self.training_ensemble.parameters(), lr=learning_rate)
         self.l2_coef = torch.full((ensemble.size,), 1e-4)
         self.rounds = 0  # training rounds so far; every --reward-eval-every-th is followed by a validation pass
         self.train_loss = self.val_loss = torch.full((ensemble.size,), math.nan)
         self.val_accuracy = math.nan
+        self.thread = ThreadPoolExecutor(1, "reward-training")
+        self.job = None  # the round in progress (a Future)
 
     def train(self, buffer, rounds, steps_per_round, args, rng, validate_at_end=False):
-        """`rounds` rounds of `steps_per_round` Adam steps. Every --reward-eval-every-th round (and the last, with
-        `validate_at_end`) is followed by a validation pass: the figures, the L2 coefficients adapted to them, and the
-        reward normalisation refit."""
+        """`rounds` rounds of `steps_per_round` Adam steps here and now (pretraining), each --reward-eval-every-th
+        (and the last, with `validate_at_end`) followed by a validation pass; then `ensemble` takes the weights."""
         for round_in_call in range(1, rounds + 1):
-            train_reward_model(
-                self.ensemble,
-                self.optimizer,
-                buffer,
-                self.l2_coef,
-                steps_per_round,
-                args.reward_batch_size,
-                args.label_noise,
-                rng,
-            )
             self.rounds += 1
-            if self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds):
-                step_rewards, labels = label_step_rewards(self.ensemble, buffer)
-                self.train_loss, self.val_loss, self.val_accuracy = validate_reward_model(
-                    self.ensemble, step_rewards, labels, args.label_noise
-                )
-                self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
-                fit_reward_normalization(self.ensemble, step_rewards, labels, args.reward_std)
+            validate = self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds)
+            minibatches = sample_minibatches(buffer, steps_per_round, args.reward_batch_size, rng)
+            self._take_figures(self._round(minibatches, self.l2_coef, buffer.get()[2] if validate else None, args))
+        self.ensemble.load_state_dict(self.training_ensemble.state_dict())
+
+    def start_round(self, buffer, args, rng):
+        """During RL: start one round of --reward-updates steps in the thread (after the round before it, if any)."""
+        self.finish_round()
+        self.rounds += 1
+        minibatches = sample_minibatches(buffer, args.reward_updates, args.reward_batch_size, rng)
+        labels = buffer.get()[2] if self.rounds % args.reward_eval_every == 0 else None
+        self.job = self.thread.submit(self._round, minibatches, self.l2_coef, labels, args)
+
+    def finish_round(self):
+        """Wait for the round in progress, if any (its error, if any, is raised here); `ensemble` takes its weights."""
+        if self.job is not None:
+            figures, self.job = self.job.result(), None
+            self._take_figures(figures)
+            self.ensemble.load_state_dict(self.training_ensemble.state_dict())
+
+    def _round(self, minibatches, l2_coef, labels, args):
+        """Gradient steps, then, given the labels, a validation pass: its figures and the reward normalisation refit."""
+        for minibatch in minibatches:
+            reward_gradient_step(self.training_ensemble, self.optimizer, minibatch, l2_coef, args.label_noise)
+        if labels is None:
+            return None
+        with torch.no_grad():
+            step_rewards = self.training_ensemble(labels["obs"], labels["act"])
+        figures = validate_reward_model(self.training_ensemble, step_rewards, labels, args.label_noise)
+        fit_reward_normalization(self.training_ensemble, step_rewards, labels, args.reward_std)
+        return figures
+
+    def _take_figures(self, figures):
+        """Keep a validation pass's figures (for the log) and adapt the L2 coefficients to them (C17 2.2.3)."""
+        if figures is not None:
+            self.train_loss, self.val_loss, self.val_accuracy = figures
+            self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
+
+    def close(self):
+        self.thread.shutdown()  # after the round in progress, if any
 
     def state_dict(self):
+        self.finish_round()  # what the next iteration would take first: a resumed run goes on exactly
         return {
-            "reward_ensemble": self.ensemble.state_dict(),
+            "reward_ensemble": self.training_ensemble.state_dict(),
             "reward_optimizer": self.optimizer.state_dict(),
             "l2_coef": self.l2_coef,
             "fits": self.rounds,
@@ -757,6 +802,7 @@ class RewardModelTraining:
         }
 
     def load_state_dict(self, state):
+        self.training_ensemble.load_state_dict(state["reward_ensemble"])
         self.ensemble.load_state_dict(state["reward_ensemble"])
         self.optimizer.load_state_dict(state["reward_optimizer"])
         self.l2_coef = state["l2_coef"]
@@ -1259,7 +1305,9 @@ if __name__ == "__main__":
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
 
     agent = Agent(obs_dim, act_dim).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # PPO change (README "Changes to PPO"): speed only: Adam's fused kernel, no argument checks in Normal
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    torch.distributions.Distribution.set_default_validate_args(False)
     obs_rms, return_rms = RunningMeanStd((obs_dim,)), RunningMeanStd()  # PPO change (README "Changes to PPO")
 
     # RLHF: the label schedule, the reward ensemble and its training, the labels, the teacher
@@ -1363,6 +1411,7 @@ if __name__ == "__main__":
             rollout = {"obs": raw_obs, "act": rollout_actions, "true_reward": true_rewards, "sim_state": sim_states}
             rollout |= {"terminated": terminations, "truncated": truncations}
             selection = "random" if pretraining else args.selection
+            reward_training.finish_round()  # the round the thread ran during the last iteration: its weights score pairs
             query_labels(rng, ensemble, teacher, buffer, rollout, int(schedule[:iteration].sum()), selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
@@ -1372,8 +1421,8 @@ if __name__ == "__main__":
                     error = f"error: no pretraining label from {pretrain_labels} pairs of the initial policy. {NO_LABEL_HINT}"
                     break
                 pretrain_reward_model(reward_training, buffer, args, rng)
-            elif not pretraining:  # then it keeps training as labels arrive (C17 2.2: asynchronously; here between rollouts)
-                reward_training.train(buffer, 1, args.reward_updates, args, rng)
+            elif not pretraining:  # then it keeps training as labels arrive, in a thread while PPO runs (C17 2.2)
+                reward_training.start_round(buffer, args, rng)
             if time.time() - last_label_save > 30 or iteration == args.num_iterations:  # Infrastructure
                 save_labels(buffer, teacher, labels_path)
                 last_label_save = time.time()
@@ -1519,6 +1568,7 @@ if __name__ == "__main__":
         save_labels(buffer, teacher, labels_path)
         print(f"{buffer.size} labels saved to {labels_path}")
         teacher.close()
+        reward_training.close()
     if args.save_model:
         checkpoint_now()
         print(f"checkpoint saved to {checkpoint_path}")

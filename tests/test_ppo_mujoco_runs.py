@@ -22,7 +22,7 @@ from helpers import (
 )
 
 # a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 512 steps, 40 labels of 20-step segments
-TINY = "--env Hopper-v4 --total-timesteps 3072 --num-steps 512 --pretrain-steps 1024 --labels 40 --segment-len 20"
+TINY = "--env Hopper-v4 --total-timesteps 3072 --num-steps 64 --pretrain-steps 1024 --labels 40 --segment-len 20"
 TINY += " --pretrain-epochs 5 --reward-eval-every 2"
 
 

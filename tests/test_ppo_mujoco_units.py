@@ -453,12 +453,19 @@ def test_a_rollout_without_room_for_a_segment_is_refused(rng):
 # 8. label schedule
 
 SCHEDULES = [
-    {},  # the defaults: 1M steps, 1400 labels, 2048-step rollouts
+    {},  # the defaults: 1M steps, 1400 labels, 8 x 256-step rollouts
     {"labels": 700},
-    {"total_timesteps": 123457, "labels": 333, "num_steps": 1000, "num_minibatches": 8, "pretrain_steps": 5000},
+    {"total_timesteps": 123457, "labels": 333, "num_envs": 1, "num_steps": 1000, "num_minibatches": 8, "pretrain_steps": 5000},
     {"total_timesteps": 30000, "labels": 101, "segment_len": 25},
     {"total_timesteps": 2_000_001, "num_envs": 4, "num_steps": 512, "labels": 1401, "pretrain_fraction": 0.3},
-    {"total_timesteps": 9999, "num_steps": 1024, "pretrain_steps": 1000, "labels": 77, "pretrain_fraction": 0.5},
+    {
+        "total_timesteps": 9999,
+        "num_envs": 1,
+        "num_steps": 1024,
+        "pretrain_steps": 1000,
+        "labels": 77,
+        "pretrain_fraction": 0.5,
+    },
     {"total_timesteps": 30000, "labels": 2},  # a quarter of 2 rounds to 0: the reward model still gets one label
     {"total_timesteps": 30000, "labels": 1},
 ]
