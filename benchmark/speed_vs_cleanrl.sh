@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Speed against CleanRL: whole-process wall time of CleanRL's ppo_continuous_action.py (true reward) and of
+# rlhf_ppo_mujoco.py in both modes (true reward; 1400 synthetic labels), the same steps on the same machine, one
+# process at a time, alternating, repeated; then the medians and their ratios.
+# Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/speed_vs_cleanrl.sh [ENV] [STEPS] [REPEATS] [EXTRA FLAGS FOR OURS]
+# (from the repository root). Extra flags go to both modes of rlhf_ppo_mujoco.py, e.g. "--num-envs 1 --num-steps 2048".
+#
+# CleanRL's script comes from the cleanrl 1.2.0 wheel on PyPI (pip download --no-deps; the wheel declares Python < 3.11,
+# hence --python-version 3.10; only this one file is used, with this project's packages) into benchmark/.cleanrl/,
+# patched by benchmark/cleanrl_gymnasium1.patch only where gymnasium 1.x requires it: TransformObservation takes the
+# observation space, the vector env resets in the same step (as the script's GAE assumes), and final_info is a dict
+# with an _episode mask. CleanRL leaves torch's thread count at its default; so does this benchmark.
+set -euo pipefail
+env_id=${1:-Hopper-v4}
+steps=${2:-102400}
+repeats=${3:-3}
+extra=${4:-}
+out=${OUT:-benchmark/logs/speed_vs_cleanrl}
+cleanrl=benchmark/.cleanrl
+mkdir -p "$out"
+
+if [ ! -f "$cleanrl/ppo_continuous_action.py" ]; then
+  mkdir -p "$cleanrl"
+  pip download cleanrl==1.2.0 --no-deps --python-version 3.10 --only-binary=:all: -d "$cleanrl" -q
+  python -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('cleanrl/ppo_continuous_action.py'))" \
+    "$cleanrl/cleanrl-1.2.0-py3-none-any.whl" "$cleanrl/ppo_continuous_action.py"
+  patch -s -d "$cleanrl" -p1 < benchmark/cleanrl_gymnasium1.patch
+fi
+
+timed() {  # timed LOG COMMAND...: the command's output, then its wall time, CPU time and peak memory, in LOG
+  /usr/bin/time -f "wall_s %e cpu_s %U %S peak_rss_kb %M" "${@:2}" > "$1" 2>&1
+}
+for r in $(seq 1 "$repeats"); do
+  timed "$out/cleanrl_$r.log" bash -c "cd $cleanrl && exec python ppo_continuous_action.py --env-id $env_id \
+    --total-timesteps $steps --seed $r --cuda False"
+  # shellcheck disable=SC2086  # $extra is a list of flags
+  timed "$out/true-reward_$r.log" python rlhf_ppo_mujoco.py --env "$env_id" --total-timesteps "$steps" --seed "$r" \
+    --feedback true-reward --exp-name speed_true $extra
+  # shellcheck disable=SC2086
+  timed "$out/synthetic_$r.log" python rlhf_ppo_mujoco.py --env "$env_id" --total-timesteps "$steps" --seed "$r" \
+    --feedback synthetic --labels 1400 --exp-name speed_rlhf $extra
+done
+rm -rf "$cleanrl/runs"
+
+python - "$out" "$repeats" "$steps" <<'PY'
+import re, statistics, sys
+out, repeats, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+runs = ("cleanrl", "true-reward", "synthetic")
+def figures(run, r):
+    text = open(f"{out}/{run}_{r}.log").read()
+    wall, user, system, rss = re.findall(r"wall_s ([\d.]+) cpu_s ([\d.]+) ([\d.]+) peak_rss_kb (\d+)", text)[-1]
+    sps = re.findall(r"SPS:? (\d+)", text)[-1]  # the script's own figure: steps over time since the first step
+    return {"wall": float(wall), "cpu": float(user) + float(system), "rss_mb": int(rss) / 1024, "sps": int(sps)}
+table = {(run, r): figures(run, r) for run in runs for r in range(1, repeats + 1)}
+print(f"steps per run: {steps}; steps/s below = steps / whole-process wall time")
+print("| repeat | " + " | ".join(f"{run}: wall s, steps/s, CPU s, peak MB" for run in runs) + " |")
+print("|---|" + "---|" * len(runs))
+for r in range(1, repeats + 1):
+    cells = [table[run, r] for run in runs]
+    print(f"| {r} | " + " | ".join(f"{c['wall']:.1f}, {steps / c['wall']:.0f}, {c['cpu']:.1f}, {c['rss_mb']:.0f}" for c in cells) + " |")
+median = {run: statistics.median(table[run, r]["wall"] for r in range(1, repeats + 1)) for run in runs}
+sps = {run: statistics.median(table[run, r]["sps"] for r in range(1, repeats + 1)) for run in runs}
+print(f"median wall time: " + ", ".join(f"{run} {median[run]:.1f} s" for run in runs))
+print(f"whole-process steps/s over CleanRL's: true-reward {median['cleanrl'] / median['true-reward']:.2f}x, "
+      f"synthetic {median['cleanrl'] / median['synthetic']:.2f}x; synthetic over true-reward "
+      f"{median['true-reward'] / median['synthetic']:.2f}")
+print(f"the scripts' own SPS (after start-up), medians: " + ", ".join(f"{run} {sps[run]:.0f}" for run in runs)
+      + f"; true-reward over CleanRL {sps['true-reward'] / sps['cleanrl']:.2f}x, synthetic over true-reward "
+      f"{sps['synthetic'] / sps['true-reward']:.2f}")
+PY
