@@ -1,5 +1,6 @@
 # PPO from preferences on the moving-dot problem (C17's method on a toy task that learns in minutes on a laptop):
 # docs in README.md "The moving dot", results in benchmark/README.md "Moving dot"
+import copy
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -752,20 +754,30 @@ def label_step_rewards(ensemble, labels, observation, chunk=256):
     return torch.cat(parts, 1) if parts else torch.zeros((ensemble.size,) + labels["act"].shape)
 
 
-def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
-    """`steps` Adam steps on random minibatches of labels; each member's loss uses its own bootstrap weights."""
+def sample_minibatches(buffer, steps, batch_size, rng):
+    """`steps` random minibatches of labels, copied out of the buffer (buffer.get at random indices copies); none
+    from an empty buffer."""
     if buffer.size == 0:
-        return
-    for _ in range(steps):
-        batch = buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size)))
-        returns = segment_returns(ensemble, batch, observation)  # (members, batch, 2)
-        losses = preference_loss(returns[..., 0], returns[..., 1], torch.as_tensor(batch["mu"]), label_noise)
-        weight = torch.as_tensor(batch["weight"]).T  # (members, batch)
-        member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-        loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        return []
+    return [buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size))) for _ in range(steps)]
+
+
+def reward_gradient_step(ensemble, optimizer, minibatch, observation, l2_coef, label_noise):
+    """One Adam step on a minibatch of labels; each member's loss uses its own bootstrap weights."""
+    returns = segment_returns(ensemble, minibatch, observation)  # (members, batch, 2)
+    losses = preference_loss(returns[..., 0], returns[..., 1], torch.as_tensor(minibatch["mu"]), label_noise)
+    weight = torch.as_tensor(minibatch["weight"]).T  # (members, batch)
+    member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
+    loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
+    """`steps` Adam steps on random minibatches of labels."""
+    for minibatch in sample_minibatches(buffer, steps, batch_size, rng):
+        reward_gradient_step(ensemble, optimizer, minibatch, observation, l2_coef, label_noise)
 
 
 def validate_reward_model(step_rewards, labels, label_noise):
@@ -791,6 +803,12 @@ def fit_reward_normalization(ensemble, step_rewards, target_std):
     ensemble.fit_normalization(step_rewards.reshape(ensemble.size, -1), target_std)
 
 
+def copy_labels(buffer):
+    """All the labels, copied out of the buffer (buffer.get() gives views of its arrays, which the teacher's answers
+    write to): what a validation pass in the thread reads."""
+    return {k: v.copy() for k, v in buffer.get().items()}
+
+
 def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
     """C17 2.2.3: keep each member's validation loss between 1.1x and 1.5x its training loss (a NaN loss, no
     held-out or no training label yet, leaves the coefficient as it is)."""
@@ -799,47 +817,81 @@ def adapt_l2(l2_coef, train_loss, val_loss, low=1.1, high=1.5, factor=1.25):
 
 
 class RewardModelTraining:
-    """The reward ensemble with what its training carries from one iteration to the next: Adam, each member's L2
-    coefficient, the number of training rounds so far, and the latest validation figures."""
+    """The reward model's two copies (RewardEnsembles) and their training, with what it carries from one iteration to
+    the next: Adam, each member's L2 coefficient, the rounds so far, the latest validation figures.
+
+    `training_ensemble` trains: before RL on the pretraining labels or the offline database (`train`), during RL
+    one round of --reward-updates steps per iteration in a thread of its own (`start_round`), as C17 2.2 fits the
+    reward model in parallel with RL; on a machine with a second core the thread hides the reward model's work (the
+    frames of --observation pixels are drawn there too). `ensemble` gives PPO its reward and scores candidate pairs;
+    it takes the trained weights when the round is done (`finish_round`), so PPO's reward is one round behind. Runs
+    stay reproducible: minibatches are drawn in the main thread, the thread never reads the buffer, which the
+    teacher's answers write to, and it draws no random number (the reward model has no dropout)."""
 
     def __init__(self, ensemble, learning_rate):
         self.ensemble = ensemble
-        self.optimizer = optim.Adam(ensemble.parameters(), lr=learning_rate)
+        self.training_ensemble = copy.deepcopy(ensemble)
+        self.optimizer = optim.Adam(self.training_ensemble.parameters(), lr=learning_rate)
         self.l2_coef = torch.full((ensemble.size,), 1e-4)
         self.rounds = 0  # training rounds so far; every --reward-eval-every-th is followed by a validation pass
         self.train_loss = self.val_loss = torch.full((ensemble.size,), math.nan)
         self.val_accuracy = math.nan
+        self.thread = ThreadPoolExecutor(1, "reward-training")
+        self.job = None  # the round in progress (a Future)
 
     def train(self, buffer, rounds, steps_per_round, args, rng, validate_at_end=False):
-        """`rounds` rounds of `steps_per_round` Adam steps. Every --reward-eval-every-th round (and the last, with
-        `validate_at_end`) is followed by a validation pass: the figures, the L2 coefficients adapted to them, and the
-        reward normalisation refit."""
+        """`rounds` rounds of `steps_per_round` Adam steps here and now (pretraining), each --reward-eval-every-th
+        (and the last, with `validate_at_end`) followed by a validation pass; then `ensemble` takes the weights."""
         for round_in_call in range(1, rounds + 1):
-            train_reward_model(
-                self.ensemble,
-                self.optimizer,
-                buffer,
-                args.observation,
-                self.l2_coef,
-                steps_per_round,
-                args.reward_batch_size,
-                args.label_noise,
-                rng,
-            )
             self.rounds += 1
-            if self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds):
-                labels = buffer.get()
-                step_rewards = label_step_rewards(self.ensemble, labels, args.observation)  # once: frames are costly
-                self.train_loss, self.val_loss, self.val_accuracy = validate_reward_model(
-                    step_rewards, labels, args.label_noise
-                )
-                self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
-                fit_reward_normalization(self.ensemble, step_rewards, args.reward_std)
+            validate = self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds)
+            minibatches = sample_minibatches(buffer, steps_per_round, args.reward_batch_size, rng)
+            labels = buffer.get() if validate else None  # read here and now: no copy needed
+            self._take_figures(self._round(minibatches, self.l2_coef, labels, args))
+        self.ensemble.load_state_dict(self.training_ensemble.state_dict())
+
+    def start_round(self, buffer, args, rng):
+        """During RL: start one round of --reward-updates steps in the thread (after the round before it, if any)."""
+        self.finish_round()
+        self.rounds += 1
+        minibatches = sample_minibatches(buffer, args.reward_updates, args.reward_batch_size, rng)
+        labels = copy_labels(buffer) if self.rounds % args.reward_eval_every == 0 else None
+        self.job = self.thread.submit(self._round, minibatches, self.l2_coef, labels, args)
+
+    def finish_round(self):
+        """Wait for the round in progress, if any (its error, if any, is raised here); `ensemble` takes its weights."""
+        if self.job is not None:
+            figures, self.job = self.job.result(), None
+            self._take_figures(figures)
+            self.ensemble.load_state_dict(self.training_ensemble.state_dict())
+
+    def _round(self, minibatches, l2_coef, labels, args):
+        """Gradient steps, then, given the labels, a validation pass: its figures and the reward normalisation refit."""
+        for minibatch in minibatches:
+            reward_gradient_step(
+                self.training_ensemble, self.optimizer, minibatch, args.observation, l2_coef, args.label_noise
+            )
+        if labels is None:
+            return None
+        step_rewards = label_step_rewards(self.training_ensemble, labels, args.observation)  # once: frames are costly
+        figures = validate_reward_model(step_rewards, labels, args.label_noise)
+        fit_reward_normalization(self.training_ensemble, step_rewards, args.reward_std)
+        return figures
+
+    def _take_figures(self, figures):
+        """Keep a validation pass's figures (for the log) and adapt the L2 coefficients to them (C17 2.2.3)."""
+        if figures is not None:
+            self.train_loss, self.val_loss, self.val_accuracy = figures
+            self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
+
+    def close(self):
+        self.thread.shutdown()  # after the round in progress, if any
 
     def state_dict(self):
         """Under the checkpoint keys of earlier versions of this script (`fits`: the training rounds)."""
+        self.finish_round()  # what the next iteration would take first: a resumed run goes on exactly
         return {
-            "reward_ensemble": self.ensemble.state_dict(),
+            "reward_ensemble": self.training_ensemble.state_dict(),
             "reward_optimizer": self.optimizer.state_dict(),
             "l2_coef": self.l2_coef,
             "fits": self.rounds,
@@ -847,6 +899,7 @@ class RewardModelTraining:
         }
 
     def load_state_dict(self, state):
+        self.training_ensemble.load_state_dict(state["reward_ensemble"])
         self.ensemble.load_state_dict(state["reward_ensemble"])
         self.optimizer.load_state_dict(state["reward_optimizer"])
         self.l2_coef = state["l2_coef"]
@@ -1339,7 +1392,9 @@ if __name__ == "__main__":
     obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
 
     agent = Agent(obs_shape, num_actions).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # PPO change (README "Changes to PPO"): speed only: Adam's fused kernel, no argument checks in Categorical
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    torch.distributions.Distribution.set_default_validate_args(False)
 
     # RLHF: the label schedule, the reward ensemble and its training, the labels, the teacher
     schedule = label_schedule(args) if rlhf else np.zeros(args.num_iterations, np.int64)
@@ -1434,6 +1489,7 @@ if __name__ == "__main__":
             # random ones before RL (untrained members' disagreement is noise) and offline (the blog's database)
             rollout = {"position": positions, "act": rollout_actions, "true_reward": true_rewards, "truncated": truncations}
             selection = "random" if pretraining or args.offline else args.selection
+            reward_training.finish_round()  # the round the thread ran during the last iteration: its weights score pairs
             query_labels(rng, ensemble, teacher, buffer, database, rollout, int(schedule[:iteration].sum()), selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):
@@ -1443,8 +1499,8 @@ if __name__ == "__main__":
                     run_error = no_pretraining_label_error(args, run_dir)
                     break  # the labels (and the checkpoint) are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
-            elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen)
-                reward_training.train(buffer, 1, args.reward_updates, args, rng)
+            elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen),
+                reward_training.start_round(buffer, args, rng)  # in a thread while PPO runs
             last_label_save = save_labels_if_due(buffer, teacher, labels_path, last_label_save)  # Infrastructure
 
         if pretraining:
@@ -1578,6 +1634,7 @@ if __name__ == "__main__":
         save_labels(buffer, teacher, labels_path)
         print(f"{buffer.size} labels saved to {labels_path}")
         teacher.close()
+        reward_training.close()
     if database is not None:
         database.close()
     if args.save_model:

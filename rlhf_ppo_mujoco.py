@@ -760,7 +760,8 @@ class RewardModelTraining:
         self.finish_round()
         self.rounds += 1
         minibatches = sample_minibatches(buffer, args.reward_updates, args.reward_batch_size, rng)
-        labels = buffer.get()[2] if self.rounds % args.reward_eval_every == 0 else None
+        validate = self.rounds % args.reward_eval_every == 0
+        labels = {k: v.clone() for k, v in buffer.get()[2].items()} if validate else None  # copied: the buffer's are views
         self.job = self.thread.submit(self._round, minibatches, self.l2_coef, labels, args)
 
     def finish_round(self):
