@@ -885,7 +885,10 @@ class RewardModelTraining:
             self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
 
     def close(self):
-        self.thread.shutdown()  # after the round in progress, if any
+        try:
+            self.finish_round()  # the last round's weights, or its error: raised, not lost
+        finally:
+            self.thread.shutdown()
 
     def state_dict(self):
         """Under the checkpoint keys of earlier versions of this script (`fits`: the training rounds)."""
@@ -1509,7 +1512,9 @@ if __name__ == "__main__":
             completed = iteration
             continue
 
-        if rlhf:  # RLHF: the reward PPO optimises, for the whole rollout in one batched call
+        # RLHF: the reward PPO optimises, for the whole rollout in one batched call; `ensemble` has the weights of the
+        # last finished round (the one the thread is running now ends before the next iteration's labels)
+        if rlhf:
             rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
             for episode_return in finish_episode_returns(rewards_np, truncations, predicted_return):
                 recent_predicted.append(episode_return)  # whole episodes under the learned reward, next to the true one

@@ -662,7 +662,10 @@ class LabelBuffer:
 
 # RLHF: fitting the reward model to the labels (C17 2.2.3)
 def sample_minibatches(buffer, steps, batch_size, rng):
-    """`steps` random minibatches of labels, copied out of the buffer (as buffer.get returns them)."""
+    """`steps` random minibatches of labels, copied out of the buffer (as buffer.get returns them); none from an
+    empty buffer."""
+    if buffer.size == 0:
+        return []
     return [buffer.get(rng.integers(0, buffer.size, min(batch_size, buffer.size))) for _ in range(steps)]
 
 
@@ -680,8 +683,6 @@ def reward_gradient_step(ensemble, optimizer, minibatch, l2_coef, label_noise):
 
 def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, label_noise, rng):
     """`steps` Adam steps on random minibatches of labels."""
-    if buffer.size == 0:
-        return
     for minibatch in sample_minibatches(buffer, steps, batch_size, rng):
         reward_gradient_step(ensemble, optimizer, minibatch, l2_coef, label_noise)
 
@@ -790,7 +791,10 @@ class RewardModelTraining:
             self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
 
     def close(self):
-        self.thread.shutdown()  # after the round in progress, if any
+        try:
+            self.finish_round()  # the last round's weights, or its error: raised, not lost
+        finally:
+            self.thread.shutdown()
 
     def state_dict(self):
         self.finish_round()  # what the next iteration would take first: a resumed run goes on exactly
@@ -1435,7 +1439,9 @@ if __name__ == "__main__":
             continue
 
         dones = terminations | truncations
-        if rlhf:  # RLHF: the reward PPO optimises, for the whole rollout in one batched call
+        # RLHF: the reward PPO optimises, for the whole rollout in one batched call; `ensemble` has the weights of the
+        # last finished round (the one the thread is running now ends before the next iteration's labels)
+        if rlhf:
             rewards_np = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(rollout_actions)).numpy()
             absorbing_reward = ensemble.normalized_absorbing_reward()
             for predicted_return in finish_episode_returns(rewards_np, dones, predicted_episode_return):

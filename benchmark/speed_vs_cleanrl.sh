@@ -2,29 +2,38 @@
 # Speed against CleanRL: whole-process wall time of CleanRL's ppo_continuous_action.py (true reward) and of
 # rlhf_ppo_mujoco.py in both modes (true reward; 1400 synthetic labels), the same steps on the same machine, one
 # process at a time, alternating, repeated; then the medians and their ratios.
-# Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/speed_vs_cleanrl.sh [ENV] [STEPS] [REPEATS] [EXTRA FLAGS FOR OURS]
-# (from the repository root). Extra flags go to both modes of rlhf_ppo_mujoco.py, e.g. "--num-envs 1 --num-steps 2048".
+# Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/speed_vs_cleanrl.sh [ENV] [STEPS] [REPEATS] [FLAGS FOR OURS...]
+# (from the repository root). Flags after the third argument go to both modes of rlhf_ppo_mujoco.py, e.g.
+# `bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 1 --num-steps 2048`.
 #
 # CleanRL's script comes from the cleanrl 1.2.0 wheel on PyPI (pip download --no-deps; the wheel declares Python < 3.11,
 # hence --python-version 3.10; only this one file is used, with this project's packages) into benchmark/.cleanrl/,
 # patched by benchmark/cleanrl_gymnasium1.patch only where gymnasium 1.x requires it: TransformObservation takes the
 # observation space, the vector env resets in the same step (as the script's GAE assumes), and final_info is a dict
-# with an _episode mask. CleanRL leaves torch's thread count at its default; so does this benchmark.
+# with an _episode mask. CleanRL leaves torch's thread count at its default; so does this benchmark. That file is the
+# argparse version of 1.2.0; CleanRL's master has moved to tyro, with the same algorithm: rlhf_ppo_mujoco.py follows
+# master, so diff it against master's cleanrl/ppo_continuous_action.py. Needs `patch`, GNU time (/usr/bin/time) and a
+# Python below 3.12 (the 1.2.0 file imports distutils).
 set -euo pipefail
 env_id=${1:-Hopper-v4}
 steps=${2:-102400}
 repeats=${3:-3}
-extra=${4:-}
+shift $(($# < 3 ? $# : 3))
+extra=("$@")
 out=${OUT:-benchmark/logs/speed_vs_cleanrl}
 cleanrl=benchmark/.cleanrl
+for tool in patch /usr/bin/time; do
+  command -v "$tool" > /dev/null || { echo "error: $tool is missing (apt-get install -y patch time)" >&2; exit 1; }
+done
 mkdir -p "$out"
 
 if [ ! -f "$cleanrl/ppo_continuous_action.py" ]; then
-  mkdir -p "$cleanrl"
-  pip download cleanrl==1.2.0 --no-deps --python-version 3.10 --only-binary=:all: -d "$cleanrl" -q
+  rm -rf "$cleanrl.tmp" && mkdir -p "$cleanrl.tmp"  # set up in a scratch folder, moved in place only when complete
+  pip download cleanrl==1.2.0 --no-deps --python-version 3.10 --only-binary=:all: -d "$cleanrl.tmp" -q
   python -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('cleanrl/ppo_continuous_action.py'))" \
-    "$cleanrl/cleanrl-1.2.0-py3-none-any.whl" "$cleanrl/ppo_continuous_action.py"
-  patch -s -d "$cleanrl" -p1 < benchmark/cleanrl_gymnasium1.patch
+    "$cleanrl.tmp/cleanrl-1.2.0-py3-none-any.whl" "$cleanrl.tmp/ppo_continuous_action.py"
+  patch -s -d "$cleanrl.tmp" -p1 < benchmark/cleanrl_gymnasium1.patch
+  rm -rf "$cleanrl" && mv "$cleanrl.tmp" "$cleanrl"
 fi
 
 timed() {  # timed LOG COMMAND...: the command's output, then its wall time, CPU time and peak memory, in LOG
@@ -33,12 +42,10 @@ timed() {  # timed LOG COMMAND...: the command's output, then its wall time, CPU
 for r in $(seq 1 "$repeats"); do
   timed "$out/cleanrl_$r.log" bash -c "cd $cleanrl && exec python ppo_continuous_action.py --env-id $env_id \
     --total-timesteps $steps --seed $r --cuda False"
-  # shellcheck disable=SC2086  # $extra is a list of flags
   timed "$out/true-reward_$r.log" python rlhf_ppo_mujoco.py --env "$env_id" --total-timesteps "$steps" --seed "$r" \
-    --feedback true-reward --exp-name speed_true $extra
-  # shellcheck disable=SC2086
+    --feedback true-reward --exp-name speed_true "${extra[@]}"
   timed "$out/synthetic_$r.log" python rlhf_ppo_mujoco.py --env "$env_id" --total-timesteps "$steps" --seed "$r" \
-    --feedback synthetic --labels 1400 --exp-name speed_rlhf $extra
+    --feedback synthetic --labels 1400 --exp-name speed_rlhf "${extra[@]}"
 done
 rm -rf "$cleanrl/runs"
 

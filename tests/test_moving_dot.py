@@ -310,25 +310,29 @@ def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_
     buffer = dot.LabelBuffer(100, 5, 3, rng)
     buffer.add(*segment_pairs(rng, 100))
     rng_threaded, rng_in_line = np.random.default_rng(1), np.random.default_rng(1)
-    for round_number in (1, 2):  # the second round ends in a validation pass (--reward-eval-every 2)
-        before = {k: v.clone() for k, v in threaded.ensemble.state_dict().items()}
-        gate = threading.Event()
-        threaded.thread.submit(gate.wait)  # hold the thread: the round queues behind this
-        threaded.start_round(buffer, args, rng_threaded)
-        in_line.train(buffer, 1, args.reward_updates, args, rng_in_line)
-        buffer.add(*segment_pairs(rng, 3))  # answers arriving while the round runs are not the round's
-        for key, value in threaded.ensemble.state_dict().items():  # PPO's copy: unchanged while the round runs
-            torch.testing.assert_close(value, before[key], rtol=0, atol=0)
-        gate.set()
-        threaded.finish_round()
-        for copy in ("ensemble", "training_ensemble"):
-            for key, value in getattr(threaded, copy).state_dict().items():
-                torch.testing.assert_close(value, getattr(in_line, copy).state_dict()[key], rtol=0, atol=0)
-        assert threaded.rounds == in_line.rounds == round_number
-    assert not np.isnan(threaded.val_accuracy)  # the validation pass's figures and L2 adaptation came back
-    torch.testing.assert_close(threaded.val_loss, in_line.val_loss, rtol=0, atol=0)
-    torch.testing.assert_close(threaded.l2_coef, in_line.l2_coef, rtol=0, atol=0)
-    threaded.close()
+    gate = threading.Event()
+    try:
+        for round_number in (1, 2):  # the second round ends in a validation pass (--reward-eval-every 2)
+            before = {k: v.clone() for k, v in threaded.ensemble.state_dict().items()}
+            gate.clear()
+            threaded.thread.submit(gate.wait)  # hold the thread: the round queues behind this
+            threaded.start_round(buffer, args, rng_threaded)
+            in_line.train(buffer, 1, args.reward_updates, args, rng_in_line)
+            buffer.add(*segment_pairs(rng, 3))  # answers arriving while the round runs are not the round's
+            for key, value in threaded.ensemble.state_dict().items():  # PPO's copy: unchanged while the round runs
+                torch.testing.assert_close(value, before[key], rtol=0, atol=0)
+            gate.set()
+            threaded.finish_round()
+            for copy in ("ensemble", "training_ensemble"):
+                for key, value in getattr(threaded, copy).state_dict().items():
+                    torch.testing.assert_close(value, getattr(in_line, copy).state_dict()[key], rtol=0, atol=0)
+            assert threaded.rounds == in_line.rounds == round_number
+        assert not np.isnan(threaded.val_accuracy)  # the validation pass's figures and L2 adaptation came back
+        torch.testing.assert_close(threaded.val_loss, in_line.val_loss, rtol=0, atol=0)
+        torch.testing.assert_close(threaded.l2_coef, in_line.l2_coef, rtol=0, atol=0)
+    finally:
+        gate.set()  # a failed assertion must not leave the thread held (close waits for it)
+        threaded.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -280,23 +280,36 @@ def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_
     in_line.training_ensemble.load_state_dict(threaded.training_ensemble.state_dict())
     buffer = fill_buffer(rng, 100, terminations=True)
     rng_threaded, rng_in_line = np.random.default_rng(1), np.random.default_rng(1)
-    for round_number in (1, 2):  # the second round ends in a validation pass (--reward-eval-every 2)
-        before = {k: v.clone() for k, v in threaded.ensemble.state_dict().items()}
-        gate = threading.Event()
-        threaded.thread.submit(gate.wait)  # hold the thread: the round queues behind this
-        threaded.start_round(buffer, args, rng_threaded)
-        in_line.train(buffer, 1, args.reward_updates, args, rng_in_line)
-        for key, value in threaded.ensemble.state_dict().items():  # PPO's copy: unchanged while the round runs
-            torch.testing.assert_close(value, before[key], rtol=0, atol=0)
-        gate.set()
-        threaded.finish_round()
-        for copy in ("ensemble", "training_ensemble"):
-            for key, value in getattr(threaded, copy).state_dict().items():
-                torch.testing.assert_close(value, getattr(in_line, copy).state_dict()[key], rtol=0, atol=0)
-        assert threaded.rounds == in_line.rounds == round_number
-    assert not math.isnan(threaded.val_accuracy)  # the validation pass's figures and L2 adaptation came back
-    torch.testing.assert_close(threaded.l2_coef, in_line.l2_coef, rtol=0, atol=0)
-    threaded.close()
+    gate = threading.Event()
+    try:
+        for round_number in (1, 2):  # the second round ends in a validation pass (--reward-eval-every 2)
+            before = {k: v.clone() for k, v in threaded.ensemble.state_dict().items()}
+            gate.clear()
+            threaded.thread.submit(gate.wait)  # hold the thread: the round queues behind this
+            threaded.start_round(buffer, args, rng_threaded)
+            in_line.train(buffer, 1, args.reward_updates, args, rng_in_line)
+            for key, value in threaded.ensemble.state_dict().items():  # PPO's copy: unchanged while the round runs
+                torch.testing.assert_close(value, before[key], rtol=0, atol=0)
+            gate.set()
+            threaded.finish_round()
+            for copy in ("ensemble", "training_ensemble"):
+                for key, value in getattr(threaded, copy).state_dict().items():
+                    torch.testing.assert_close(value, getattr(in_line, copy).state_dict()[key], rtol=0, atol=0)
+            assert threaded.rounds == in_line.rounds == round_number
+        assert not math.isnan(threaded.val_accuracy)  # the validation pass's figures and L2 adaptation came back
+        torch.testing.assert_close(threaded.l2_coef, in_line.l2_coef, rtol=0, atol=0)
+    finally:
+        gate.set()  # a failed assertion must not leave the thread held (close waits for it)
+        threaded.close()
+
+
+def test_closing_the_reward_training_raises_the_last_rounds_error_and_stops_the_thread(rng):
+    training = rl.RewardModelTraining(rl.RewardEnsemble(3, 1, size=3), 1e-3)
+    training.start_round(fill_buffer(rng, 20), rl.Args(reward_updates=1, label_noise=None), rng)  # fails in the thread
+    with pytest.raises(TypeError):  # the run's last round: its error reaches the run instead of vanishing with the thread
+        training.close()
+    with pytest.raises(RuntimeError, match="shutdown"):
+        training.thread.submit(int)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
