@@ -66,10 +66,10 @@ class Args:
     """total timesteps of the experiments (RLHF pretraining rollouts included)"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 8
+    num_envs: int = 4
     """the number of parallel game environments (stepped together, one policy call for all: README "Changes to PPO")"""
-    num_steps: int = 256
-    """the number of steps to run in each environment per policy rollout (8 x 256: CleanRL's 2048 steps per rollout)"""
+    num_steps: int = 512
+    """the number of steps to run in each environment per policy rollout (4 x 512: CleanRL's 2048 steps per rollout)"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
     gamma: float = 0.99
