@@ -54,15 +54,15 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
 
 @pytest.mark.slow
 def test_true_reward_mode_queries_no_labels(tmp_path):
-    result = run_script(tmp_path, TINY + " --feedback true-reward")
+    result = run_script(tmp_path, TINY + " --feedback true-reward --num-envs 2")
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     logged = scalars(run_dir)
     assert "charts/episodic_return" in logged and "losses/policy_loss" in logged
     assert not any(tag.startswith(("reward_model/", "labels/")) for tag in logged)
     assert not (run_dir / "labels.npz").exists()
-    # no pretraining rollouts: PPO updates from the first rollout on
-    assert logged["losses/policy_loss"][0][0] == 512
+    # no pretraining rollouts: PPO updates from the first rollout on (2 envs x 64 steps)
+    assert logged["losses/policy_loss"][0][0] == 2 * 64
 
 
 @pytest.mark.slow
