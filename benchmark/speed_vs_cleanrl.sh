@@ -4,7 +4,7 @@
 # process at a time, alternating, repeated; then the medians and their ratios.
 # Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/speed_vs_cleanrl.sh [ENV] [STEPS] [REPEATS] [FLAGS FOR OURS...]
 # (from the repository root). Flags after the third argument go to both modes of rlhf_ppo_mujoco.py, e.g.
-# `bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 1 --num-steps 2048`.
+# `bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 4 --num-steps 512`.
 #
 # CleanRL's script comes from the cleanrl 1.2.0 wheel on PyPI (pip download --no-deps; the wheel declares Python < 3.11,
 # hence --python-version 3.10; only this one file is used, with this project's packages) into benchmark/.cleanrl/,

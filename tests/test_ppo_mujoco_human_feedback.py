@@ -14,7 +14,7 @@ import torch
 from helpers import SCRIPT, free_port, only_run_dir, rating_by_script
 
 HUMAN = (
-    "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-steps 64 --pretrain-steps 1024 --labels 40"
+    "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40"
     " --pretrain-fraction 0.5 --segment-len 10 --pretrain-epochs 40 --reward-eval-every 2 --clip-size 48 --save-model"
 )
 

@@ -9,7 +9,7 @@ from helpers import only_run_dir, run_script, scalars
 @pytest.mark.slow
 def test_inverted_pendulum_balances_from_synthetic_preferences(tmp_path):
     args = (
-        "--env InvertedPendulum-v4 --total-timesteps 40960 --num-steps 128 --pretrain-steps 2048 --labels 300"
+        "--env InvertedPendulum-v4 --total-timesteps 40960 --num-envs 8 --num-steps 128 --pretrain-steps 2048 --labels 300"
         " --segment-len 25 --seed 1"
     )
     result = run_script(tmp_path, args, timeout=900)

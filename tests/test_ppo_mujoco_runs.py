@@ -21,8 +21,8 @@ from helpers import (
     scalars,
 )
 
-# a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 512 steps, 40 labels of 20-step segments
-TINY = "--env Hopper-v4 --total-timesteps 3072 --num-steps 64 --pretrain-steps 1024 --labels 40 --segment-len 20"
+# a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 8 envs x 64 steps, 40 labels of 20-step segments
+TINY = "--env Hopper-v4 --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40 --segment-len 20"
 TINY += " --pretrain-epochs 5 --reward-eval-every 2"
 
 
@@ -54,15 +54,15 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
 
 @pytest.mark.slow
 def test_true_reward_mode_queries_no_labels(tmp_path):
-    result = run_script(tmp_path, TINY + " --feedback true-reward --num-envs 2")
+    result = run_script(tmp_path, TINY + " --feedback true-reward")
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     logged = scalars(run_dir)
     assert "charts/episodic_return" in logged and "losses/policy_loss" in logged
     assert not any(tag.startswith(("reward_model/", "labels/")) for tag in logged)
     assert not (run_dir / "labels.npz").exists()
-    # no pretraining rollouts: PPO updates from the first rollout on (2 envs x 64 steps)
-    assert logged["losses/policy_loss"][0][0] == 2 * 64
+    # no pretraining rollouts: PPO updates from the first rollout on (TINY's 8 envs x 64 steps)
+    assert logged["losses/policy_loss"][0][0] == 8 * 64
 
 
 @pytest.mark.slow

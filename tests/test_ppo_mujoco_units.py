@@ -492,7 +492,7 @@ def test_a_rollout_without_room_for_a_segment_is_refused(rng):
 # 8. label schedule
 
 SCHEDULES = [
-    {},  # the defaults: 1M steps, 1400 labels, 4 x 512-step rollouts
+    {},  # the defaults: 1M steps, 1400 labels, 1 x 2048-step rollouts
     {"labels": 700},
     {"total_timesteps": 123457, "labels": 333, "num_envs": 1, "num_steps": 1000, "num_minibatches": 8, "pretrain_steps": 5000},
     {"total_timesteps": 30000, "labels": 101, "segment_len": 25},
