@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 21's speed figures (notes/speed_issue21.md) in one run, from the repository root, on an otherwise idle machine
-# (about 25 minutes on 2 cores):
+# (about 37 minutes on 2 cores):
 #   bash benchmark/notes/speed_issue21.sh
-# 1. side by side against CleanRL's PPO (benchmark/speed_vs_cleanrl.sh, 102,400 steps, 3 repeats);
-# 2. seconds per iteration of each phase on one core (taskset -c 0), before issue 21 (5cebf75) and after, both modes;
+# 1. side by side against CleanRL's PPO (benchmark/speed_vs_cleanrl.sh, 102,400 steps, 3 repeats), ours at 4 x 512 and
+#    at 1 x 2048 (the default);
+# 2. seconds per iteration of each phase on one core (taskset -c 0), before issue 21 (5cebf75, 1 x 2048) and after
+#    (4 x 512 and 8 x 256), both modes;
 # 3. start-up: seconds to the first environment step, ours before and after, CleanRL's;
 # 4. the simulator alone (notes/env_step_rate.py);
 # 5. rlhf_moving_dot.py's default run before (5cebf75) and after, alternating, 3 repeats.
@@ -19,7 +21,7 @@ git show "$before:rlhf_moving_dot.py" > "$copies/rlhf_moving_dot_before.py"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; commit $(git rev-parse --short HEAD)"
 
 echo "== 1. against CleanRL"
-bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 | tee "$logs/speed_vs_cleanrl_summary.txt"
+bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 4 --num-steps 512 | tee "$logs/speed_vs_cleanrl_summary.txt"
 
 echo "== 2. phases, one core"
 for repeat in 1 2; do
@@ -27,7 +29,7 @@ for repeat in 1 2; do
     for version in before after after_8x256; do
       case $version in
         before) rev=(--rev "$before") layout=() ;;
-        after) rev=() layout=() ;;
+        after) rev=() layout=(--num-envs 4 --num-steps 512) ;;
         after_8x256) rev=() layout=(--num-envs 8 --num-steps 256) ;;
       esac
       echo "$version $mode repeat $repeat: $(taskset -c 0 python benchmark/notes/phase_times.py "${rev[@]}" -- --env Hopper-v4 \
@@ -72,4 +74,7 @@ for version in before after; do
   echo "$version: wall s $(grep -h -o 'wall_s [0-9.]*' "$logs"/speed_moving_dot_issue21/"${version}"_*.log | cut -d' ' -f2 | sort -n \
     | tr '\n' ' ')(median is the middle one)"
 done | tee "$logs/speed_moving_dot_issue21/summary.txt"
+echo "== 6. against CleanRL at 1 x 2048"
+OUT=benchmark/logs/speed_vs_cleanrl_1x2048 bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 1 --num-steps 2048 \
+  | tee "$logs/speed_vs_cleanrl_1x2048_summary.txt"
 echo ALLDONE
