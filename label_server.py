@@ -55,7 +55,8 @@ class Args:
 CHOICES = ("left", "right", "equal", "cant_tell")
 METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot: never a path
-RATER_SEPARATORS = " _.@-'"  # besides letters, digits and combining marks, in any script
+RATER_SEPARATORS = " _.@-'"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # besides letters, digits and combining marks, in any script
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clips (clip_id TEXT PRIMARY KEY, content_type TEXT NOT NULL, data BLOB NOT NULL,
@@ -329,6 +330,17 @@ def plain_int(text):
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
+def reject_non_json_number(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def host_name(host):
+    """'localhost' of a Host header 'localhost:8000', '::1' of '[::1]:8000'."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if ":" in host else host
+
+
 def require_id(value, what):
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise ApiError(
@@ -351,6 +363,8 @@ def rater_name(name):
 
 
 def make_handler(store, args):
+    loopback_only = args.host in LOOPBACK_NAMES  # then every request's Host must name this machine
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
         server_version = "label_server"
@@ -432,15 +446,35 @@ def make_handler(store, args):
 
         def read_json(self):
             raw = self.read_body(args.max_json_bytes)
+            # a browser sends text/plain or a form from any web page without asking the server first; application/json
+            # from another page needs the server's consent (a preflight OPTIONS, which gets 405): other pages cannot post
+            content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if content_type != "application/json":
+                raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be sent as Content-Type: application/json")
             try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                body = json.loads(raw, parse_constant=reject_non_json_number)
+                json.dumps(body, ensure_ascii=False).encode()  # a lone surrogate ("\ud800") cannot be stored or sent
+            except UnicodeEncodeError:
+                raise ApiError(
+                    HTTPStatus.BAD_REQUEST, "malformed JSON: a string is not valid Unicode (lone surrogate)"
+                ) from None
+            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN or Infinity
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {error}") from None
             except RecursionError:  # "[[[[..." within the size limit is deeper than Python's recursion limit
                 raise ApiError(HTTPStatus.BAD_REQUEST, "malformed JSON: nested too deeply") from None
             if not isinstance(body, dict):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
             return body
+
+        def check_origin(self, method):
+            """Only this server's own page and programs (no Origin) may use the API. Bound to this machine, the Host must
+            name it too: a page whose DNS name was pointed at 127.0.0.1 (DNS rebinding) sends its own name."""
+            host = self.headers.get("Host")
+            if host is not None and loopback_only and host_name(host) not in LOOPBACK_NAMES:
+                raise ApiError(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this machine (a page on another site?)")
+            origin = self.headers.get("Origin")
+            if method != "GET" and origin is not None and urllib.parse.urlsplit(origin).netloc != host:
+                raise ApiError(HTTPStatus.FORBIDDEN, f"Origin {origin!r} is not this server: only its own page may post")
 
         def require_token(self):
             if args.token and self.headers.get("Authorization") != f"Bearer {args.token}":
@@ -476,6 +510,7 @@ def make_handler(store, args):
             query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
             parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
             try:
+                self.check_origin(method)
                 endpoint = self.route(method, parts, query)
                 if endpoint is None:
                     allowed = ", ".join(m for m in METHODS if self.route(m, parts, query))

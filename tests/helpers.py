@@ -139,7 +139,10 @@ class LabelServer:
     def call(self, method, path, body=None, token=None, raw=None, headers=None):
         """(status, parsed JSON body or None) of one request; `raw` sends bytes as they are."""
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        headers = dict(headers or {})
+        if method == "POST":  # the JSON endpoints; a clip's PUT has its own type (urllib would send a form's)
+            headers.setdefault("Content-Type", "application/json")
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         if token or self.token:
             request.add_header("Authorization", f"Bearer {token or self.token}")
         try:

@@ -202,6 +202,9 @@ def raw_request(port, data):
     return head.split(b"\r\n")[0].decode(), body
 
 
+PAIR_P2 = b'{"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l", "right_clip": "p1-r"}'
+
+
 @pytest.mark.parametrize(
     "method, path, body, status, message",
     [
@@ -242,6 +245,10 @@ def raw_request(port, data):
         ("GET", "/api/labels?experiment=exp&since=99999999999999999999", None, 400, "since"),  # over SQLite's INTEGER
         ("GET", "/api/labels?experiment=exp&since=%C2%B2", None, 400, "since"),  # '²' is a digit to str.isdigit
         ("POST", "/api/pairs", b"[" * 5000, 400, "malformed JSON"),  # nested deeper than Python's recursion limit
+        # Python's json reads NaN and Infinity, which are not JSON: served back, they would break the trainer's parser
+        ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": NaN}}', 400, "NaN"),
+        ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": -Infinity}}', 400, "Infinity"),
+        ("POST", "/api/pairs", PAIR_P2[:-1] + b', "instruction": "\\ud800"}', 400, "Unicode"),  # a lone surrogate
     ],
 )
 def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(label_server, method, path, body, status, message):
@@ -261,13 +268,15 @@ def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
     assert server.call("PUT", "/api/clips/big", raw=b"\0" * 6000)[0] == 413
     assert server.call("GET", "/clips/big")[0] == 404  # nothing stored
     # the literal path, as curl --path-as-is sends it: never a file of the machine
-    line, body = raw_request(server.port, b"GET /clips/../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    line, body = raw_request(
+        server.port, b"GET /clips/../../etc/passwd HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
     assert " 404 " in line and b"root:" not in body
     line, body = raw_request(
-        server.port, b"POST /api/labels HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\nConnection: close\r\n\r\n"
+        server.port, b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\nConnection: close\r\n\r\n"
     )
     assert " 400 " in line
-    line, body = raw_request(server.port, b"POST /api/labels HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    line, body = raw_request(server.port, b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert " 411 " in line
     raw_request(server.port, b"GARBAGE\r\n\r\n")
     assert server.call("GET", "/healthz")[0] == 200
@@ -337,13 +346,13 @@ def test_the_page_is_served_with_the_keys_of_c17(label_server):
 def test_numbers_python_cannot_convert_are_bad_input_not_a_crash(label_server, head, status):
     server = label_server()
     post_pair(server, "p1")
-    line, _ = raw_request(server.port, head + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+    line, _ = raw_request(server.port, head + b"\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert int(line.split()[1]) in (status if isinstance(status, tuple) else (status,)), line
 
 
 # looks like a request: if the server read it as the next one on a keep-alive connection, it would answer it (404)
 # in place of the request that really comes next
-SMUGGLED = b"GET /api/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+SMUGGLED = b"GET /api/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
 
 
 def healthz_on(connection):
@@ -574,7 +583,7 @@ def test_a_half_sent_request_is_disconnected_after_the_timeout_and_others_are_se
     started = time.monotonic()
     hanging = [half_sent(server.port, b"GET /heal") for _ in range(5)]  # the request line never ends
     hanging += [  # the headers promise a body that never comes
-        half_sent(server.port, b'POST /api/labels HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pair_id"')
+        half_sent(server.port, b'POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"pair_id"')
         for _ in range(5)
     ]
     hanging.append(half_sent(server.port, b""))  # connected, never says anything
@@ -622,3 +631,26 @@ def test_answers_saved_under_older_spellings_of_a_name_join_the_normalised_rater
     assert restarted.call("GET", "/api/stats?rater=bob")[1]["answered"] == 2  # not 1 for "Bob" and 1 for "bob "
     assert answer(restarted, "p2", "BOB", "right")[1]["duplicate"]  # the old answer is this rater's
     assert next_pair(restarted, "bob") is None
+
+
+def test_other_web_pages_open_in_the_raters_browser_can_neither_write_nor_read(label_server):
+    server = label_server()
+    post_pair(server, "p1")
+    vote = {"pair_id": "p1", "rater": "ann", "choice": "left"}
+    # what a browser sends from any page without asking the server first: a form's or fetch's text/plain body
+    status, reply = server.call("POST", "/api/labels", vote, headers={"Content-Type": "text/plain"})
+    assert status == 415 and "application/json" in reply["error"]
+    # a JSON request from another page carries that page's Origin
+    status, reply = server.call("POST", "/api/labels", vote, headers={"Origin": "http://evil.example"})
+    assert status == 403 and "Origin" in reply["error"]
+    status, reply = server.call("POST", "/api/labels", vote, headers={"Origin": "null"})  # a sandboxed frame, a file
+    assert status == 403
+    # DNS rebinding: evil.example's name now points at 127.0.0.1, so its page reads "its own" origin, and names it
+    status, reply = server.call("GET", "/api/labels?experiment=exp", headers={"Host": f"evil.example:{server.port}"})
+    assert status == 403 and "Host" in reply["error"]
+    assert server.call("GET", "/", headers={"Host": "evil.example"})[0] == 403
+    assert server.call("GET", "/healthz")[1]["answers"] == 0  # nothing was recorded
+    # the rater page itself (same origin, under any loopback name) is served and answers
+    assert server.call("GET", "/", headers={"Host": f"localhost:{server.port}"})[0] == 200
+    assert server.call("POST", "/api/labels", vote, headers={"Origin": server.url})[0] == 201
+    assert server.call("GET", "/healthz")[1]["answers"] == 1
