@@ -74,6 +74,13 @@ CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 -- answered a pair, the other spelling's answer keeps its old name (OR IGNORE) and still counts as another rater's
 UPDATE OR IGNORE answers SET rater = lower(trim(rater)) WHERE rater != lower(trim(rater));
 """
+# after the `open` column exists (LabelStore adds it to older databases): the queue is walked through these, in order
+INDEXES = """
+CREATE INDEX IF NOT EXISTS open_pairs ON pairs (open, golden, created, pair_id);
+CREATE INDEX IF NOT EXISTS open_pairs_by_experiment ON pairs (experiment, open, golden, created, pair_id);
+CREATE INDEX IF NOT EXISTS golden_pairs ON pairs (golden) WHERE golden IS NOT NULL;
+CREATE INDEX IF NOT EXISTS answers_by_rater ON answers (rater);
+"""
 
 
 class ApiError(Exception):
@@ -115,6 +122,16 @@ class LabelStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        if "open" not in [row[1] for row in self.db.execute("PRAGMA table_info(pairs)")]:
+            # a database from before the open flag: a pair is open (waiting for answers) until it has a label
+            self.db.executescript(
+                "BEGIN; ALTER TABLE pairs ADD COLUMN open INTEGER NOT NULL DEFAULT 1; "
+                "UPDATE pairs SET open = 0 WHERE pair_id IN (SELECT pair_id FROM labels); COMMIT;"
+            )
+        self.db.executescript(INDEXES)
+        # kept in memory, changed with every write that changes them: counting or grouping 100k rows per request is slow
+        self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
+        self.excluded = self._excluded_raters()
 
     def _read(self, sql, params=()):
         with self.lock:
@@ -143,7 +160,8 @@ class LabelStore:
                     raise ApiError(HTTPStatus.CONFLICT, f"pair {pair['pair_id']} exists with other clips or answer")
                 return False
             self.db.execute(
-                "INSERT INTO pairs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO pairs (pair_id, experiment, left_clip, right_clip, instruction, metadata, golden, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     pair["pair_id"],
                     pair["experiment"],
@@ -155,81 +173,125 @@ class LabelStore:
                     time.time(),
                 ),
             )
+            self.open_count += 1
             return True
+
+    def close_experiment(self, experiment):
+        """No more answers wanted for this experiment's open pairs (its run has ended): they are no longer served, and
+        its trainer no longer counts as live. Pairs it posts later are open as usual. Returns how many were closed."""
+        with self.lock:
+            closed = self.db.execute("UPDATE pairs SET open = 0 WHERE experiment = ? AND open = 1", (experiment,)).rowcount
+            self.open_count -= closed
+        self.seen.pop(experiment, None)
+        return closed
 
     def _has_clip(self, clip_id):
         return self.db.execute("SELECT 1 FROM clips WHERE clip_id = ?", (clip_id,)).fetchone() is not None
 
-    def excluded_raters(self):
+    def _excluded_raters(self):
         """Raters whose accuracy on golden pairs is below the threshold (after at least golden_min of them)."""
-        rows = self._read(
-            "SELECT a.rater, COUNT(*), SUM(a.choice = p.golden) FROM answers a JOIN pairs p USING (pair_id) "
+        rows = self.db.execute(
+            # CROSS JOIN: SQLite walks the golden pairs (an index), not every answer
+            "SELECT a.rater, COUNT(*), SUM(a.choice = p.golden) FROM pairs p CROSS JOIN answers a USING (pair_id) "
             "WHERE p.golden IS NOT NULL GROUP BY a.rater"
-        )
+        ).fetchall()
         return {r for r, n, correct in rows if n >= self.golden_min and correct / n < self.golden_threshold}
 
     def rater_stats(self, rater):
         """(pairs this rater has answered, pairs waiting for them)."""
-        answered = self._read("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,))[0][0]
-        excluded = self.excluded_raters()
         with self.lease_lock:
-            return answered, len(self._open_pairs(rater, excluded, time.monotonic()))
+            leased = self._leased_by_others(rater, time.monotonic())
+            with self.lock:
+                return self._answered(rater), self._waiting(rater, leased)
 
-    def _open_pairs(self, rater, excluded, now):
-        """Pairs this rater may be given, oldest first, as (pair_id, experiment, golden): golden pairs they have not
-        answered, and pairs that still need more answers than are counted and leased to other raters. Under
-        lease_lock."""
+    def _answered(self, rater):
+        return self.db.execute("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,)).fetchone()[0]
+
+    def _leased_by_others(self, rater, now):
+        """How many other raters hold a lease on each pair. Under lease_lock."""
         self.lease_of = {r: lease for r, lease in self.lease_of.items() if lease[1] > now}  # expired: back in the queue
-        leased = Counter(pair_id for r, (pair_id, _) in self.lease_of.items() if r != rater)
-        rows = self._read(
-            "SELECT p.pair_id, p.experiment, p.golden IS NOT NULL, a.rater FROM pairs p "
-            "LEFT JOIN answers a ON a.pair_id = p.pair_id "
-            "WHERE p.pair_id NOT IN (SELECT pair_id FROM labels) ORDER BY p.created, p.pair_id"
+        return Counter(pair_id for r, (pair_id, _) in self.lease_of.items() if r != rater)
+
+    def _available(self, pair_id, golden, leased):
+        """May this open pair, which the rater has not answered, be given to them? Golden pairs are for every rater;
+        another pair only while its counted answers and others' leases on it are fewer than `overlap`. Under lock."""
+        if golden or not leased[pair_id]:  # an open pair has fewer than `overlap` counted answers, or it has a label
+            return True
+        raters = self.db.execute("SELECT rater FROM answers WHERE pair_id = ?", (pair_id,)).fetchall()
+        return sum(r not in self.excluded for (r,) in raters) + leased[pair_id] < self.overlap
+
+    def _first_available(self, rater, leased, golden, experiment=None):
+        """(created, pair_id) of the oldest open pair (golden or not; of one experiment, if given) this rater may be
+        given, or None. Walks the open pairs in order through an index and stops at the first: pairs the rater answered
+        are skipped inside SQLite, pairs held back by leases are at most one per lease. Under lock."""
+        where = "golden IS NOT NULL" if golden else "golden IS NULL"
+        params = (rater,)
+        if experiment is not None:
+            where, params = where + " AND experiment = ?", (experiment, rater)
+        rows = self.db.execute(
+            f"SELECT created, pair_id FROM pairs p WHERE open = 1 AND {where} AND NOT EXISTS "
+            "(SELECT 1 FROM answers a WHERE a.pair_id = p.pair_id AND a.rater = ?) ORDER BY created, pair_id",
+            params,
         )
-        pairs, counted, answered_by_rater = {}, {}, set()
-        for pair_id, experiment, golden, who in rows:
-            pairs.setdefault(pair_id, (experiment, bool(golden)))
-            counted.setdefault(pair_id, 0)
-            if who is not None and who not in excluded:
-                counted[pair_id] += 1
-            if who == rater:
-                answered_by_rater.add(pair_id)
-        # golden pairs are for every rater: leases never hold them back
-        return [
-            (pair_id, experiment, golden)
-            for pair_id, (experiment, golden) in pairs.items()
-            if pair_id not in answered_by_rater and (golden or counted[pair_id] + leased[pair_id] < self.overlap)
-        ]
+        return next((row for row in rows if self._available(row[1], golden, leased)), None)
+
+    def _waiting(self, rater, leased):
+        """How many open pairs this rater may still be given: the open pairs, less those they answered and those held
+        back by other raters' leases. Under lease_lock and lock."""
+        answered_open = self.db.execute(
+            # CROSS JOIN: SQLite walks the rater's answers (an index), not every open pair
+            "SELECT COUNT(*) FROM answers a CROSS JOIN pairs p USING (pair_id) WHERE a.rater = ? AND p.open = 1",
+            (rater,),
+        ).fetchone()[0]
+        held_back = 0
+        for pair_id in leased:
+            row = self.db.execute(
+                "SELECT open, golden IS NOT NULL, EXISTS (SELECT 1 FROM answers WHERE pair_id = ? AND rater = ?) "
+                "FROM pairs WHERE pair_id = ?",
+                (pair_id, rater, pair_id),
+            ).fetchone()
+            if row and row[0] and not row[2] and not self._available(pair_id, row[1], leased):
+                held_back += 1
+        return self.open_count - answered_open - held_back
 
     def next_pair(self, rater):
         """The pair to show this rater, leased to them for lease_seconds; None if there is none."""
-        excluded = self.excluded_raters()
-        answered = self._read("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,))[0][0]
         with self.lease_lock:
             now = time.monotonic()
-            open_pairs = self._open_pairs(rater, excluded, now)
-            if not open_pairs:
-                return None
-            mine = self.lease_of.get(rater, (None,))[0]
-            if any(pair_id == mine for pair_id, _, _ in open_pairs):
-                pair_id = mine  # asked again before answering (a reload): the same pair, not one more taken
-            else:
-                golden = [p for p, _, is_golden in open_pairs if is_golden]
-                # pairs of experiments whose trainer is still there first (a run that ended no longer needs labels),
-                # oldest first within each (sorted is stable)
-                ended = {e for _, e, _ in open_pairs if now - self.seen.get(e, -float("inf")) >= self.live_seconds}
-                ordinary = [p for p, e, is_golden in sorted(open_pairs, key=lambda x: x[1] in ended) if not is_golden]
-                # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left
-                use_golden = golden and (not ordinary or answered % self.golden_every == 0)
-                pair_id = golden[0] if use_golden else ordinary[0]
-            self.lease_of[rater] = (pair_id, now + self.lease_seconds)  # one pair per rater; a reload renews it
-        row = self._read(
-            "SELECT pair_id, experiment, left_clip, right_clip, instruction FROM pairs WHERE pair_id = ?", (pair_id,)
-        )[0]
+            leased = self._leased_by_others(rater, now)
+            with self.lock:
+                answered = self._answered(rater)
+                mine = self.lease_of.get(rater, (None,))[0]
+                still_mine = mine is not None and self.db.execute(
+                    "SELECT open FROM pairs p WHERE pair_id = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM answers a WHERE a.pair_id = p.pair_id AND a.rater = ?)",
+                    (mine, rater),
+                ).fetchone() in [(1,)]
+                if still_mine:
+                    pair_id = mine  # asked again before answering (a reload): the same pair, not one more taken
+                else:
+                    # pairs of experiments whose trainer is still there first (a run that ended no longer needs
+                    # labels), oldest first; then the rest, oldest first
+                    live = [e for e, seen in self.seen.items() if now - seen < self.live_seconds]
+                    candidates = [self._first_available(rater, leased, False, e) for e in live]
+                    ordinary = min((c for c in candidates if c), default=None) or self._first_available(rater, leased, False)
+                    golden = self._first_available(rater, leased, True)
+                    # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left
+                    use_golden = golden and (not ordinary or answered % self.golden_every == 0)
+                    chosen = golden if use_golden else ordinary
+                    if chosen is None:
+                        return None
+                    pair_id = chosen[1]
+                self.lease_of[rater] = (pair_id, now + self.lease_seconds)  # one pair per rater; a reload renews it
+                waiting = self._waiting(rater, leased)
+                row = self.db.execute(
+                    "SELECT pair_id, experiment, left_clip, right_clip, instruction FROM pairs WHERE pair_id = ?",
+                    (pair_id,),
+                ).fetchone()
         keys = ("pair_id", "experiment", "left_clip", "right_clip", "instruction")
         pair = dict(zip(keys, row))
         pair["left_url"], pair["right_url"] = f"/clips/{pair['left_clip']}", f"/clips/{pair['right_clip']}"
-        pair["answered"], pair["waiting"] = answered, len(open_pairs)
+        pair["answered"], pair["waiting"] = answered, waiting
         return pair
 
     def get_pair(self, pair_id):
@@ -257,44 +319,48 @@ class LabelStore:
 
     def add_answer(self, pair_id, rater, choice):
         """Record a rater's answer (the first one counts; a repeat is ignored). Returns (new answer?, pair final?)."""
-        with self.lock:
-            pair = self.db.execute("SELECT experiment FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone()
-        if pair is None:
-            raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
-        excluded = self.excluded_raters()
         with self.lease_lock:  # answered: the lease has done its job (an answer to another pair leaves it)
             if self.lease_of.get(rater, (None,))[0] == pair_id:
                 del self.lease_of[rater]
         with self.lock:
+            pair = self.db.execute("SELECT experiment, golden IS NOT NULL FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone()
+            if pair is None:
+                raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
+            experiment, golden = pair
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 cursor = self.db.execute(
                     "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)", (pair_id, rater, choice, time.time())
                 )
                 new = cursor.rowcount == 1
-                final = self._finalize(pair_id, pair[0], excluded)
+                final, closed = self._finalize(pair_id, experiment, golden)
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
+            self.open_count -= closed
+            if new and golden:  # the rater's accuracy on golden pairs changed
+                self.excluded = self._excluded_raters()
         return new, final
 
-    def _finalize(self, pair_id, experiment, excluded):
-        """Inside a transaction: publish the pair's label once it has `overlap` counted answers (never golden)."""
+    def _finalize(self, pair_id, experiment, golden):
+        """Inside a transaction: publish the pair's label once it has `overlap` counted answers (never golden), and
+        close it. Returns (final?, pairs closed: 0 or 1)."""
         if self.db.execute("SELECT 1 FROM labels WHERE pair_id = ?", (pair_id,)).fetchone():
-            return True
-        if self.db.execute("SELECT golden IS NOT NULL FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone()[0]:
-            return False
+            return True, 0
+        if golden:
+            return False, 0
         rows = self.db.execute("SELECT rater, choice FROM answers WHERE pair_id = ? ORDER BY created", (pair_id,))
-        votes = [choice for rater, choice in rows if rater not in excluded]
+        votes = [choice for rater, choice in rows if rater not in self.excluded]
         if len(votes) < self.overlap:
-            return False
+            return False, 0
         votes = votes[: self.overlap]
         self.db.execute(
             "INSERT INTO labels (pair_id, experiment, choice, votes, created) VALUES (?, ?, ?, ?, ?)",
             (pair_id, experiment, majority_vote(votes), json.dumps(votes), time.time()),
         )
-        return True
+        # an answer to a pair its trainer closed is still recorded and labelled; it stays closed
+        return True, self.db.execute("UPDATE pairs SET open = 0 WHERE pair_id = ? AND open = 1", (pair_id,)).rowcount
 
     def labels_since(self, experiment, since, limit=1000):
         self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
@@ -503,6 +569,8 @@ def make_handler(store, args):
                     return self.post_label
                 case ("GET", ["api", "labels"]):
                     return lambda: self.get_labels(query)
+                case ("POST", ["api", "experiments", experiment, "close"]):
+                    return lambda: self.close_experiment(experiment)
             return None  # also /clips/../../etc/passwd: clips live in the database, and no route has a path in it
 
         def dispatch(self, method):
@@ -662,6 +730,11 @@ def make_handler(store, args):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "'since' must be a non-negative integer (at most 18 digits)")
             labels = store.labels_since(experiment, since)
             self.send_json(HTTPStatus.OK, {"labels": labels, "last_seq": labels[-1]["seq"] if labels else since})
+
+        def close_experiment(self, experiment):
+            self.require_token()
+            experiment = require_id(experiment, "experiment")
+            self.send_json(HTTPStatus.OK, {"experiment": experiment, "closed": store.close_experiment(experiment)})
 
     return Handler
 

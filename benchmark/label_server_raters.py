@@ -28,6 +28,8 @@ CLIP = b"\x1a\x45\xdf\xa3" + bytes(64)  # a WebM signature is all the server nee
 def call(url, method, path, body=None, raw=None):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     request = urllib.request.Request(url + path, data=data, method=method)
+    if method == "POST":
+        request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             payload, status = response.read(), response.status

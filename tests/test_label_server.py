@@ -654,3 +654,71 @@ def test_other_web_pages_open_in_the_raters_browser_can_neither_write_nor_read(l
     assert server.call("GET", "/", headers={"Host": f"localhost:{server.port}"})[0] == 200
     assert server.call("POST", "/api/labels", vote, headers={"Origin": server.url})[0] == 201
     assert server.call("GET", "/healthz")[1]["answers"] == 1
+
+
+def test_a_trainer_closes_its_experiment_and_its_pairs_are_no_longer_served(label_server, tmp_path):
+    db = tmp_path / "closing.sqlite"
+    server = label_server(db=db, token="s3cret")
+    for pair_id, golden in [("a1", None), ("a2", None), ("ag", "left")]:
+        post_pair(server, pair_id, experiment="ended", golden=golden)
+    post_pair(server, "b1", experiment="live")
+    assert server.call("POST", "/api/experiments/ended/close", token="wrong")[0] == 401
+    assert server.call("POST", "/api/experiments/ended/close") == (200, {"experiment": "ended", "closed": 3})
+    assert next_pair(server, "ann")["pair_id"] == "b1"  # not the golden pair either
+    assert server.call("GET", "/api/stats?rater=ann")[1]["waiting"] == 1
+    # an answer to a closed pair (from a page that showed it before) is still recorded and labelled
+    assert answer(server, "a1", "bob", "left")[0] == 201
+    assert [x["pair_id"] for x in labels(server, "ended")] == ["a1"]
+    # closed pairs stay closed across a restart; pairs the experiment posts later are served
+    server.stop()
+    server = label_server(db=db, token="s3cret")
+    assert answer(server, "b1", "ann", "left")[0] == 201
+    assert next_pair(server, "ann") is None
+    post_pair(server, "a3", experiment="ended")
+    assert next_pair(server, "ann")["pair_id"] == "a3"
+    assert server.call("POST", "/api/experiments/ended/close")[1]["closed"] == 1
+    assert server.call("POST", "/api/experiments/never-posted/close")[1]["closed"] == 0
+
+
+def test_a_database_from_before_closing_serves_only_its_unlabelled_pairs(label_server, tmp_path):
+    db = tmp_path / "old.sqlite"
+    with closing(sqlite3.connect(db)) as old:  # the tables as servers before the `open` column made them
+        old.executescript(ls.SCHEMA)
+        old.execute("INSERT INTO clips VALUES ('c', 'video/webm', ?, 0)", (CLIP,))
+        for i in (1, 2, 3):
+            old.execute("INSERT INTO pairs VALUES (?, 'exp', 'c', 'c', 'Which?', '{}', NULL, ?)", (f"p{i}", i))
+        old.execute("INSERT INTO answers VALUES ('p1', 'ann', 'left', 0)")
+        old.execute("INSERT INTO labels (pair_id, experiment, choice, votes, created) VALUES ('p1', 'exp', 'left', '[]', 0)")
+        old.commit()
+    server = label_server(db=db)
+    pair = next_pair(server, "bob")
+    assert (pair["pair_id"], pair["waiting"]) == ("p2", 2)
+    assert [x["pair_id"] for x in labels(server)] == ["p1"]
+
+
+def test_the_queue_is_walked_through_indexes_never_scanned(tmp_path):
+    """What keeps `next` fast with 100k pairs (benchmark/label_server_queue.py): every query of handing out a pair,
+    answering it, counting a rater's queue and closing an experiment searches an index; none reads a whole table."""
+    store = ls.LabelStore(str(tmp_path / "queue.sqlite"), overlap=2)
+    store.put_clip("c", "video/webm", CLIP)
+    for i in range(30):
+        golden = "left" if i % 10 == 0 else None
+        pair = {"experiment": f"e{i % 3}", "pair_id": f"p{i}", "left_clip": "c", "right_clip": "c"}
+        store.add_pair({**pair, "instruction": "Which?", "metadata": {}, "golden": golden})
+    store.add_answer("p1", "ann", "left")
+    store.next_pair("cid")  # a lease held by another rater
+    statements = []
+    store.db.set_trace_callback(statements.append)
+    for rater in ("ann", "bob"):
+        pair = store.next_pair(rater)
+        store.rater_stats(rater)
+        store.add_answer(pair["pair_id"], rater, "left")
+    store.add_answer("p0", "bob", "left")  # a golden pair
+    store.close_experiment("e1")
+    store.labels_since("e0", 0)
+    store.db.set_trace_callback(None)
+    queries = [s for s in statements if s.lstrip().startswith(("SELECT", "UPDATE"))]
+    assert len(queries) > 10
+    for sql in queries:
+        plan = [row[3] for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)]
+        assert not any(step.startswith("SCAN") for step in plan), (sql, plan)
