@@ -1,5 +1,7 @@
 # The human side of RL from preferences (C17 appendix B): people label clip pairs in a browser. Docs: README.md,
 # "Labelling clips yourself" and "Label server API". Standard library only (http.server, sqlite3), plus tyro.
+import csv
+import io
 import json
 import re
 import sqlite3
@@ -80,6 +82,7 @@ CREATE INDEX IF NOT EXISTS open_pairs ON pairs (open, golden, created, pair_id);
 CREATE INDEX IF NOT EXISTS open_pairs_by_experiment ON pairs (experiment, open, golden, created, pair_id);
 CREATE INDEX IF NOT EXISTS golden_pairs ON pairs (golden) WHERE golden IS NOT NULL;
 CREATE INDEX IF NOT EXISTS answers_by_rater ON answers (rater);
+CREATE INDEX IF NOT EXISTS pairs_by_clips ON pairs (left_clip, right_clip);
 """
 
 
@@ -374,6 +377,97 @@ class LabelStore:
             for seq, pair_id, choice, votes, meta in rows
         ]
 
+    def summary(self):
+        """For whoever runs the labelling: per experiment its queue, per rater their answers, golden accuracy and
+        agreement with the other raters of the same pairs. Reads every answer: an occasional request, not a rater's."""
+        now = time.time()
+        experiments = [
+            {
+                "experiment": experiment,
+                "pairs": pairs,
+                "open": open_pairs,
+                "labels": labelled,
+                "oldest_open_seconds": None if oldest is None else round(now - oldest, 1),
+                "live": time.monotonic() - self.seen.get(experiment, -float("inf")) < self.live_seconds,
+            }
+            for experiment, pairs, open_pairs, labelled, oldest in self._read(
+                "SELECT experiment, COUNT(*), SUM(open), SUM(pair_id IN (SELECT pair_id FROM labels)), "
+                "MIN(CASE WHEN open = 1 THEN created END) FROM pairs GROUP BY experiment ORDER BY experiment"
+            )
+        ]
+        rows = self._read("SELECT a.pair_id, a.rater, a.choice, p.golden FROM answers a JOIN pairs p USING (pair_id)")
+        by_pair = {}
+        for pair_id, rater, choice, golden in rows:
+            by_pair.setdefault(pair_id, []).append((rater, choice, golden))
+        raters = {}
+        agree_total = compared_total = 0
+        for answers in by_pair.values():
+            for rater, choice, golden in answers:
+                stats = raters.setdefault(rater, {"answers": 0, "golden": 0, "golden_correct": 0, "agree": 0, "compared": 0})
+                stats["answers"] += 1
+                if golden is not None:
+                    stats["golden"] += 1
+                    stats["golden_correct"] += choice == golden
+                others = [c for r, c, _ in answers if r != rater]
+                stats["agree"] += sum(c == choice for c in others)
+                stats["compared"] += len(others)
+                agree_total += sum(c == choice for c in others)
+                compared_total += len(others)
+        return {
+            "experiments": experiments,
+            "raters": [
+                {
+                    "rater": rater,
+                    "answers": stats["answers"],
+                    "golden_answered": stats["golden"],
+                    "golden_accuracy": round(stats["golden_correct"] / stats["golden"], 3) if stats["golden"] else None,
+                    "excluded": rater in self.excluded,
+                    # the share of other raters' answers to the same pairs that were the same as theirs
+                    "agreement": round(stats["agree"] / stats["compared"], 3) if stats["compared"] else None,
+                }
+                for rater, stats in sorted(raters.items())
+            ],
+            "agreement": round(agree_total / compared_total, 3) if compared_total else None,
+        }
+
+    def export(self, what, experiment=None):
+        """Rows (dicts) of every answer, label or open pair, of one experiment or all, oldest first."""
+        where, params = ("WHERE p.experiment = ?", (experiment,)) if experiment else ("", ())
+        if what == "answers":
+            sql = (
+                "SELECT p.experiment, a.pair_id, p.left_clip, p.right_clip, a.rater, a.choice, p.golden, a.created, "
+                f"p.metadata FROM answers a JOIN pairs p USING (pair_id) {where} ORDER BY a.created, a.pair_id, a.rater"
+            )
+            keys = ("experiment", "pair_id", "left_clip", "right_clip", "rater", "choice", "golden", "created", "metadata")
+        elif what == "labels":
+            sql = (
+                "SELECT l.seq, p.experiment, l.pair_id, p.left_clip, p.right_clip, l.choice, l.votes, l.created, "
+                f"p.metadata FROM labels l JOIN pairs p USING (pair_id) {where} ORDER BY l.seq"
+            )
+            keys = ("seq", "experiment", "pair_id", "left_clip", "right_clip", "choice", "votes", "created", "metadata")
+        else:  # the pairs that still want answers, e.g. to send to a crowd platform
+            sql = (
+                "SELECT p.experiment, p.pair_id, p.left_clip, p.right_clip, p.instruction, p.golden, p.created, p.metadata "
+                f"FROM pairs p {where + (' AND' if where else 'WHERE')} p.open = 1 ORDER BY p.created, p.pair_id"
+            )
+            keys = ("experiment", "pair_id", "left_clip", "right_clip", "instruction", "golden", "created", "metadata")
+        rows = [dict(zip(keys, row)) for row in self._read(sql, params)]
+        for row in rows:
+            row["metadata"] = json.loads(row["metadata"])
+            if "votes" in row:
+                row["votes"] = json.loads(row["votes"])
+        return rows
+
+    def pair_of_clips(self, first_clip, second_clip):
+        """(pair_id, swapped) of the pair showing these two clips, left and right (or the other way round: swapped);
+        None if there is none or the clips make more than one pair."""
+        rows = self._read(
+            "SELECT pair_id, left_clip != ? FROM pairs WHERE (left_clip = ? AND right_clip = ?) "
+            "OR (left_clip = ? AND right_clip = ?) LIMIT 2",
+            (first_clip, first_clip, second_clip, second_clip, first_clip),
+        )
+        return (rows[0][0], bool(rows[0][1])) if len(rows) == 1 else None
+
     def counts(self):
         return {table: self._read(f"SELECT COUNT(*) FROM {table}")[0][0] for table in ("clips", "pairs", "answers", "labels")}
 
@@ -405,6 +499,12 @@ def host_name(host):
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if ":" in host else host
+
+
+def clip_id_of(value):
+    """A clip's id from a crowd platform's column: the id itself, or the URL it was served at (.../clips/<id>)."""
+    value = urllib.parse.unquote(urllib.parse.urlsplit((value or "").strip()).path.rstrip("/").rpartition("/")[2])
+    return value if ID_PATTERN.fullmatch(value) else None
 
 
 def require_id(value, what):
@@ -571,6 +671,12 @@ def make_handler(store, args):
                     return lambda: self.get_labels(query)
                 case ("POST", ["api", "experiments", experiment, "close"]):
                     return lambda: self.close_experiment(experiment)
+                case ("GET", ["api", "admin"]):
+                    return lambda: self.admin()
+                case ("GET", ["api", "export"]):
+                    return lambda: self.export(query)
+                case ("POST", ["api", "import"]):
+                    return self.import_answers
             return None  # also /clips/../../etc/passwd: clips live in the database, and no route has a path in it
 
         def dispatch(self, method):
@@ -735,6 +841,87 @@ def make_handler(store, args):
             self.require_token()
             experiment = require_id(experiment, "experiment")
             self.send_json(HTTPStatus.OK, {"experiment": experiment, "closed": store.close_experiment(experiment)})
+
+        def admin(self):
+            self.require_token()
+            self.send_json(HTTPStatus.OK, store.summary())
+
+        def export(self, query):
+            self.require_token()
+            what, form = query.get("what", "labels"), query.get("format", "jsonl")
+            if what not in ("answers", "labels", "pairs") or form not in ("jsonl", "csv", "tsv"):
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'what' must be answers, labels or pairs; 'format' jsonl, csv or tsv")
+            if form == "tsv" and what != "pairs":
+                raise ApiError(HTTPStatus.BAD_REQUEST, "format=tsv is the crowd task layout of open pairs: what=pairs")
+            experiment = query.get("experiment")
+            rows = store.export(what, require_id(experiment, "experiment") if experiment else None)
+            if form == "jsonl":
+                body, content_type = "".join(json.dumps(row) + "\n" for row in rows), "application/x-ndjson"
+            elif form == "csv":
+                text = io.StringIO()
+                writer = csv.writer(text)
+                writer.writerow(rows[0].keys() if rows else [])
+                for row in rows:  # metadata and votes as JSON text
+                    writer.writerow([json.dumps(v) if isinstance(v, (dict, list)) else v for v in row.values()])
+                body, content_type = text.getvalue(), "text/csv; charset=utf-8"
+            else:  # a task file for a crowd platform: each pair's two clips as URLs; answers come back via /api/import
+                base = query.get("base") or f"http://{self.headers.get('Host', 'localhost')}"
+                lines = ["INPUT:video1\tINPUT:video2"]
+                lines += [
+                    f"{base.rstrip('/')}/clips/{row['left_clip']}\t{base.rstrip('/')}/clips/{row['right_clip']}"
+                    for row in rows
+                ]
+                body, content_type = "\n".join(lines) + "\n", "text/tab-separated-values; charset=utf-8"
+            data = body.encode()
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Disposition", f'attachment; filename="{experiment or "all"}-{what}.{form}"')
+            self.end_headers()
+            self.wfile.write(data)
+
+        def import_answers(self):
+            """Answers collected elsewhere, as a crowd platform returns them: TSV with INPUT:video1, INPUT:video2 (the
+            clips, as URLs or ids) and OUTPUT:result (left, right, or error: the clip did not load, kept as cant_tell),
+            optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>; else each row is its own rater). Every row is
+            checked first: one that names no known pair or an unknown result rejects the whole file, and nothing is
+            recorded. Importing the same file again records nothing new."""
+            self.require_token()
+            try:
+                text = self.read_body(args.max_clip_bytes).decode("utf-8-sig")
+            except UnicodeDecodeError:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "the TSV must be UTF-8") from None
+            rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
+            missing = [c for c in ("INPUT:video1", "INPUT:video2", "OUTPUT:result") if c not in (rows[0] if rows else {})]
+            if missing:
+                raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV needs a header row with columns {', '.join(missing)}")
+            answers, problems = [], []
+            for number, row in enumerate(rows, start=2):  # line numbers of the file, the header being line 1
+                result = (row["OUTPUT:result"] or "").strip().lower()
+                choice = {"error": "cant_tell"}.get(result, result)
+                clips = [clip_id_of(row[c]) for c in ("INPUT:video1", "INPUT:video2")]
+                found = store.pair_of_clips(*clips) if all(clips) else None
+                worker = (row.get("ASSIGNMENT:worker_id") or "").strip()
+                try:
+                    rater = rater_name(f"crowd-{worker}" if worker else f"crowd-row{number}")
+                except ApiError:
+                    rater = None
+                if choice not in CHOICES:
+                    problems.append(f"line {number}: result {result!r} is not left, right or error")
+                elif found is None:
+                    problems.append(f"line {number}: no single pair shows the clips {clips[0]} and {clips[1]}")
+                elif rater is None:
+                    problems.append(f"line {number}: worker id {worker!r} is not a valid rater name")
+                else:
+                    pair_id, swapped = found
+                    answers.append(
+                        (pair_id, rater, {"left": "right", "right": "left"}.get(choice, choice) if swapped else choice)
+                    )
+            if problems:
+                more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+                raise ApiError(HTTPStatus.BAD_REQUEST, "nothing imported: " + "; ".join(problems[:10]) + more)
+            recorded = sum(store.add_answer(pair_id, rater, choice)[0] for pair_id, rater, choice in answers)
+            self.send_json(HTTPStatus.OK, {"rows": len(rows), "recorded": recorded, "duplicates": len(rows) - recorded})
 
     return Handler
 

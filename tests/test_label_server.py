@@ -2,14 +2,18 @@
 overlap with majority vote, golden pairs, the token, bad input, unsupported methods, the server's log, and kill -9
 losing nothing acknowledged."""
 
+import csv
 import http.client
+import io
 import json
 import re
 import socket
 import sqlite3
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from contextlib import closing
 
 import label_server as ls
@@ -722,3 +726,126 @@ def test_the_queue_is_walked_through_indexes_never_scanned(tmp_path):
     for sql in queries:
         plan = [row[3] for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)]
         assert not any(step.startswith("SCAN") for step in plan), (sql, plan)
+
+
+def download(server, path, token=None):
+    """(status, text) of a GET whose reply is not one JSON document (JSON lines, CSV, TSV)."""
+    request = urllib.request.Request(server.url + path, headers={"Authorization": f"Bearer {token or server.token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_admin_summary_shows_queues_golden_accuracy_and_agreement(label_server):
+    server = label_server("--overlap", 2, token="s3cret")
+    post_pair(server, "g1", golden="left")
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    post_pair(server, "q1", experiment="other")
+    for pair_id, ann, bob in [("g1", "left", "right"), ("p1", "left", "left"), ("p2", "left", "right")]:
+        answer(server, pair_id, "ann", ann)
+        answer(server, pair_id, "bob", bob)
+    assert server.call("GET", "/api/admin", token="wrong")[0] == 401
+    status, summary = server.call("GET", "/api/admin")
+    assert status == 200
+    experiments = {e["experiment"]: e for e in summary["experiments"]}
+    assert {k: experiments["exp"][k] for k in ("pairs", "open", "labels", "live")} == {
+        "pairs": 3,
+        "open": 1,  # the golden pair: every rater answers it
+        "labels": 2,
+        "live": True,
+    }
+    assert (experiments["other"]["open"], experiments["other"]["labels"]) == (1, 0)
+    assert 0 <= experiments["other"]["oldest_open_seconds"] < 60
+    raters = {r["rater"]: r for r in summary["raters"]}
+    # they agreed on one pair of three
+    assert raters["ann"] == {
+        "rater": "ann",
+        "answers": 3,
+        "golden_answered": 1,
+        "golden_accuracy": 1.0,
+        "excluded": False,
+        "agreement": 0.333,
+    }
+    assert (raters["bob"]["golden_accuracy"], raters["bob"]["agreement"]) == (0.0, 0.333)
+    assert summary["agreement"] == 0.333
+
+
+def test_answers_labels_and_open_pairs_export_as_json_lines_csv_and_a_crowd_task_file(label_server):
+    server = label_server(token="s3cret")
+    post_pair(server, "p1", metadata={"left_true_return": 1.5})
+    post_pair(server, "p2")
+    post_pair(server, "q1", experiment="other")
+    answer(server, "p1", "ann", "left")
+    answer(server, "q1", "bob", "right")
+
+    status, text = download(server, "/api/export?what=labels&experiment=exp")
+    assert status == 200
+    (label,) = [json.loads(line) for line in text.splitlines()]
+    assert {k: label[k] for k in ("pair_id", "left_clip", "right_clip", "choice", "votes", "metadata")} == {
+        "pair_id": "p1",
+        "left_clip": "p1-l",
+        "right_clip": "p1-r",
+        "choice": "left",
+        "votes": ["left"],
+        "metadata": {"left_true_return": 1.5},
+    }
+    status, text = download(server, "/api/export?what=answers&format=csv")  # every experiment
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert [(r["experiment"], r["pair_id"], r["rater"], r["choice"]) for r in rows] == [
+        ("exp", "p1", "ann", "left"),
+        ("other", "q1", "bob", "right"),
+    ]
+    assert json.loads(rows[0]["metadata"]) == {"left_true_return": 1.5}
+    status, text = download(server, "/api/export?what=pairs&format=tsv&experiment=exp")
+    assert text.splitlines() == ["INPUT:video1\tINPUT:video2", f"{server.url}/clips/p2-l\t{server.url}/clips/p2-r"]
+
+    assert download(server, "/api/export?what=labels", token="wrong")[0] == 401
+    assert download(server, "/api/export?what=votes")[0] == 400
+    status, text = download(server, "/api/export?what=labels&format=tsv")
+    assert status == 400 and "what=pairs" in json.loads(text)["error"]
+
+
+CROWD_HEADER = "INPUT:video1\tINPUT:video2\tOUTPUT:result\tASSIGNMENT:worker_id\n"
+
+
+def import_tsv(server, text):
+    return server.call("POST", "/api/import", raw=text.encode(), headers={"Content-Type": "text/tab-separated-values"})
+
+
+def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(label_server):
+    server = label_server("--overlap", 3, token="s3cret")
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    tasks = download(server, "/api/export?what=pairs&format=tsv")[1].splitlines()[1:]
+    p1_left, p1_right = tasks[0].split("\t")
+    # the platform's result file: three workers per pair; one was shown p1 the other way round, one clip did not load
+    results = CROWD_HEADER + "".join(
+        [
+            f"{p1_left}\t{p1_right}\tleft\tw1\n",
+            f"{p1_left}\t{p1_right}\tleft\tw2\n",
+            f"{p1_right}\t{p1_left}\tleft\tw3\n",  # its left is p1's right
+            "p2-l\tp2-r\terror\tw1\n",  # clip ids work as well as URLs
+            "p2-l\tp2-r\tright\tw2\n",
+            "p2-l\tp2-r\tRight\tw3\n",
+        ]
+    )
+    assert import_tsv(server, results) == (200, {"rows": 6, "recorded": 6, "duplicates": 0})
+    assert {x["pair_id"]: (x["choice"], x["votes"]) for x in labels(server)} == {
+        "p1": ("left", ["left", "left", "right"]),
+        "p2": ("right", ["cant_tell", "right", "right"]),
+    }
+    assert [a["rater"] for a in server.call("GET", "/api/pairs/p1")[1]["answers"]] == ["crowd-w1", "crowd-w2", "crowd-w3"]
+    assert import_tsv(server, results) == (200, {"rows": 6, "recorded": 0, "duplicates": 6})  # the same file again
+
+    # one bad row rejects the whole file: nothing of it is recorded
+    post_pair(server, "p3")
+    bad = CROWD_HEADER + "p3-l\tp3-r\tleft\tw1\nnope-l\tnope-r\tleft\tw1\np3-l\tp3-r\tmaybe\tw2\n"
+    status, reply = import_tsv(server, bad)
+    assert status == 400 and "line 3" in reply["error"] and "line 4" in reply["error"], reply
+    assert server.call("GET", "/api/pairs/p3")[1]["answers"] == []
+    status, reply = import_tsv(server, "video1\tvideo2\tresult\np3-l\tp3-r\tleft\n")
+    assert status == 400 and "INPUT:video1" in reply["error"]
+    assert server.call("POST", "/api/import", raw=results.encode(), token="wrong")[0] == 401
