@@ -46,6 +46,8 @@ class Args:
     """a pair handed to a rater is theirs this long (or until they answer): others are given other pairs meanwhile"""
     live_seconds: float = 600.0
     """pairs of experiments whose trainer posted pairs or polled labels within this time are served first"""
+    undo_seconds: float = 10.0
+    """a rater may take an answer back this long; a label reaches the trainer only after it (0: at once, no undo)"""
     timeout: float = 30.0
     """seconds a connection may stay silent (idle keep-alive, or a request sent halfway) before it is closed"""
     max_workers: int = 256
@@ -110,11 +112,19 @@ class LabelStore:
     the HTTP response acknowledges it, so a server killed at any moment loses nothing it acknowledged."""
 
     def __init__(
-        self, path, overlap=1, golden_every=5, golden_min=3, golden_threshold=0.7, lease_seconds=60.0, live_seconds=600.0
+        self,
+        path,
+        overlap=1,
+        golden_every=5,
+        golden_min=3,
+        golden_threshold=0.7,
+        lease_seconds=60.0,
+        live_seconds=600.0,
+        undo_seconds=10.0,
     ):
         self.overlap, self.golden_every = overlap, golden_every
         self.golden_min, self.golden_threshold = golden_min, golden_threshold
-        self.lease_seconds, self.live_seconds = lease_seconds, live_seconds
+        self.lease_seconds, self.live_seconds, self.undo_seconds = lease_seconds, live_seconds, undo_seconds
         self.lock = threading.Lock()
         # leases live in memory, not in SQLite: they are short, a restart only ends them early, and a page asking for
         # its next pair should not wait for a disk sync
@@ -201,11 +211,16 @@ class LabelStore:
         return {r for r, n, correct in rows if n >= self.golden_min and correct / n < self.golden_threshold}
 
     def rater_stats(self, rater):
-        """(pairs this rater has answered, pairs waiting for them)."""
+        """A rater's progress: pairs they answered, pairs waiting for them, and whether their answers still count
+        (not when their accuracy on golden pairs is below the threshold)."""
         with self.lease_lock:
             leased = self._leased_by_others(rater, time.monotonic())
             with self.lock:
-                return self._answered(rater), self._waiting(rater, leased)
+                return {
+                    "answered": self._answered(rater),
+                    "waiting": self._waiting(rater, leased),
+                    "counted": rater not in self.excluded,
+                }
 
     def _answered(self, rater):
         return self.db.execute("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,)).fetchone()[0]
@@ -294,7 +309,8 @@ class LabelStore:
         keys = ("pair_id", "experiment", "left_clip", "right_clip", "instruction")
         pair = dict(zip(keys, row))
         pair["left_url"], pair["right_url"] = f"/clips/{pair['left_clip']}", f"/clips/{pair['right_clip']}"
-        pair["answered"], pair["waiting"] = answered, waiting
+        pair["answered"], pair["waiting"], pair["counted"] = answered, waiting, rater not in self.excluded
+        pair["undo_seconds"] = self.undo_seconds
         return pair
 
     def get_pair(self, pair_id):
@@ -346,6 +362,33 @@ class LabelStore:
                 self.excluded = self._excluded_raters()
         return new, final
 
+    def undo_answer(self, pair_id, rater):
+        """Take back a rater's answer given less than undo_seconds ago, with the label it made (which the trainer has
+        not been sent yet); the pair is leased to the rater again, so their page shows it next."""
+        with self.lease_lock, self.lock:
+            row = self.db.execute(
+                "SELECT a.created, p.golden IS NOT NULL FROM answers a JOIN pairs p USING (pair_id) "
+                "WHERE a.pair_id = ? AND a.rater = ?",
+                (pair_id, rater),
+            ).fetchone()
+            if row is None:
+                raise ApiError(HTTPStatus.NOT_FOUND, f"no answer of {rater} to {pair_id} to take back")
+            if time.time() - row[0] > self.undo_seconds:
+                message = f"too late to take back: answers can be taken back for {self.undo_seconds:g} s"
+                raise ApiError(HTTPStatus.CONFLICT, message)
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("DELETE FROM answers WHERE pair_id = ? AND rater = ?", (pair_id, rater))
+                if self.db.execute("DELETE FROM labels WHERE pair_id = ?", (pair_id,)).rowcount:
+                    self.open_count += self.db.execute("UPDATE pairs SET open = 1 WHERE pair_id = ?", (pair_id,)).rowcount
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            if row[1]:  # a golden answer: the rater's accuracy changed
+                self.excluded = self._excluded_raters()
+            self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
+
     def _finalize(self, pair_id, experiment, golden):
         """Inside a transaction: publish the pair's label once it has `overlap` counted answers (never golden), and
         close it. Returns (final?, pairs closed: 0 or 1)."""
@@ -366,11 +409,13 @@ class LabelStore:
         return True, self.db.execute("UPDATE pairs SET open = 0 WHERE pair_id = ? AND open = 1", (pair_id,)).rowcount
 
     def labels_since(self, experiment, since, limit=1000):
+        """The experiment's labels after sequence number `since`, up to the first one still young enough to be taken
+        back (labels are numbered in the order they are made, so none is skipped)."""
         self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
         rows = self._read(
             "SELECT l.seq, l.pair_id, l.choice, l.votes, p.metadata FROM labels l JOIN pairs p USING (pair_id) "
-            "WHERE l.experiment = ? AND l.seq > ? ORDER BY l.seq LIMIT ?",
-            (experiment, since, limit),
+            "WHERE l.experiment = ? AND l.seq > ? AND l.created <= ? ORDER BY l.seq LIMIT ?",
+            (experiment, since, time.time() - self.undo_seconds, limit),
         )
         return [
             {"seq": seq, "pair_id": pair_id, "choice": choice, "votes": json.loads(votes), "metadata": json.loads(meta)}
@@ -667,6 +712,8 @@ def make_handler(store, args):
                     return lambda: self.stats(query)
                 case ("POST", ["api", "labels"]):
                     return self.post_label
+                case ("POST", ["api", "labels", "undo"]):
+                    return self.undo_label
                 case ("GET", ["api", "labels"]):
                     return lambda: self.get_labels(query)
                 case ("POST", ["api", "experiments", experiment, "close"]):
@@ -806,8 +853,7 @@ def make_handler(store, args):
             self.send_json(HTTPStatus.OK, pair)
 
         def stats(self, query):
-            answered, waiting = store.rater_stats(rater_name(query.get("rater")))
-            self.send_json(HTTPStatus.OK, {"answered": answered, "waiting": waiting})
+            self.send_json(HTTPStatus.OK, store.rater_stats(rater_name(query.get("rater"))))
 
         def next_pair(self, query):
             rater = rater_name(query.get("rater"))
@@ -827,6 +873,12 @@ def make_handler(store, args):
             new, final = store.add_answer(pair_id, rater, choice)
             status = HTTPStatus.CREATED if new else HTTPStatus.OK
             self.send_json(status, {"pair_id": pair_id, "recorded": new, "duplicate": not new, "final": final})
+
+        def undo_label(self):
+            body = self.read_json()
+            pair_id = require_id(body.get("pair_id"), "pair_id")
+            store.undo_answer(pair_id, rater_name(body.get("rater")))
+            self.send_json(HTTPStatus.OK, {"pair_id": pair_id, "undone": True})
 
         def get_labels(self, query):
             self.require_token()
@@ -1044,6 +1096,8 @@ def main(args: Args) -> None:
         raise SystemExit("error: --overlap, --golden-every and --golden-min must be positive, --golden-threshold in [0, 1]")
     if not (args.lease_seconds > 0 and args.live_seconds > 0 and args.timeout > 0 and args.max_workers > 0):
         raise SystemExit("error: --lease-seconds, --live-seconds, --timeout and --max-workers must be positive")
+    if not args.undo_seconds >= 0:
+        raise SystemExit("error: --undo-seconds must be 0 or more")
     try:
         store = LabelStore(
             args.db,
@@ -1053,6 +1107,7 @@ def main(args: Args) -> None:
             args.golden_threshold,
             args.lease_seconds,
             args.live_seconds,
+            args.undo_seconds,
         )
     except sqlite3.Error as error:
         raise SystemExit(f"error: cannot open the database {args.db}: {error}") from None

@@ -110,6 +110,8 @@ class LabelServer:
     def __init__(self, db, *args, port=0, token=None):
         self.db, self.args, self.token = str(db), [str(a) for a in args], token
         command = [sys.executable, str(SERVER), "--port", str(port), "--db", self.db, *self.args]
+        if "--undo-seconds" not in self.args:  # labels reach the trainer at once, unless a test is about undo
+            command += ["--undo-seconds", "0"]
         if token:
             command += ["--token", token]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -64,7 +64,7 @@ def test_the_whole_labelling_cycle(label_server):
     (label,) = labels(server)
     assert label["pair_id"] == "p1" and label["choice"] == "right" and label["metadata"] == {"left_true_return": 3.5}
     assert next_pair(server, "ann") is None  # 204: nothing waiting
-    assert server.call("GET", "/api/stats?rater=ann") == (200, {"answered": 1, "waiting": 0})
+    assert server.call("GET", "/api/stats?rater=ann") == (200, {"answered": 1, "waiting": 0, "counted": True})
 
     # polling is incremental: labels after the last sequence number seen
     post_pair(server, "p2")
@@ -545,7 +545,7 @@ def test_rater_names_may_be_any_letters_and_digits(label_server, name):
     assert next_pair(server, urllib.parse.quote(name))["pair_id"] == "p1"
     assert answer(server, "p1", name, "left")[0] == 201
     status, body = server.call("GET", "/api/stats?rater=" + urllib.parse.quote(name))
-    assert (status, body) == (200, {"answered": 1, "waiting": 0})
+    assert (status, body) == (200, {"answered": 1, "waiting": 0, "counted": True})
 
 
 @pytest.mark.parametrize("name", ["", "   ", "<script>", "a\x00b", "a\nb", "a\tb", "x" * 65, "-lead", "a/b"])
@@ -564,7 +564,7 @@ def test_names_differing_only_by_case_or_spaces_are_one_rater(label_server):
         status, body = answer(server, "p1", same, "right")
         assert status == 200 and body["duplicate"], (same, body)
     assert server.call("GET", "/healthz")[1]["answers"] == 1
-    assert server.call("GET", "/api/stats?rater=ALICE")[1] == {"answered": 1, "waiting": 0}
+    assert server.call("GET", "/api/stats?rater=ALICE")[1] == {"answered": 1, "waiting": 0, "counted": True}
     # composed and decomposed accents are one name too (NFC), and so are their cases
     post_pair(server, "p2")
     assert answer(server, "p2", "Jos\u00e9", "left")[0] == 201
@@ -849,3 +849,40 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
     status, reply = import_tsv(server, "video1\tvideo2\tresult\np3-l\tp3-r\tleft\n")
     assert status == 400 and "INPUT:video1" in reply["error"]
     assert server.call("POST", "/api/import", raw=results.encode(), token="wrong")[0] == 401
+
+
+def test_an_answer_can_be_taken_back_for_undo_seconds_and_only_then_reaches_the_trainer(label_server):
+    server = label_server("--undo-seconds", 2)
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    assert next_pair(server, "ann")["pair_id"] == "p1"
+    assert answer(server, "p1", "ann", "left")[1]["final"]
+    assert next_pair(server, "ann")["pair_id"] == "p2"
+    assert labels(server) == []  # not yet: ann may take it back
+    assert server.call("POST", "/api/labels/undo", {"pair_id": "p1", "rater": "Ann"}) == (
+        200,
+        {"pair_id": "p1", "undone": True},
+    )
+    pair = server.call("GET", "/api/pairs/p1")[1]
+    assert (pair["answers"], pair["label"]) == ([], None)
+    assert next_pair(server, "ann")["pair_id"] == "p1"  # the page shows it again
+    assert answer(server, "p1", "ann", "right")[0] == 201
+    time.sleep(2.2)
+    assert [(x["pair_id"], x["choice"]) for x in labels(server)] == [("p1", "right")]
+    status, reply = server.call("POST", "/api/labels/undo", {"pair_id": "p1", "rater": "ann"})
+    assert status == 409 and "too late" in reply["error"]
+    status, reply = server.call("POST", "/api/labels/undo", {"pair_id": "p2", "rater": "ann"})
+    assert status == 404 and "no answer" in reply["error"]
+    assert server.call("GET", "/api/stats?rater=ann")[1] == {"answered": 1, "waiting": 1, "counted": True}
+
+
+def test_a_rater_is_told_when_their_answers_stop_counting(label_server):
+    server = label_server("--golden-min", 2, "--golden-every", 1)
+    for i in range(2):
+        post_pair(server, f"g{i}", golden="left")
+    post_pair(server, "p1")
+    for i in range(2):
+        assert answer(server, f"g{i}", "ann", "right")[0] == 201
+    assert server.call("GET", "/api/stats?rater=ann")[1]["counted"] is False
+    assert next_pair(server, "ann")["counted"] is False
+    assert next_pair(server, "bob")["counted"] is True
