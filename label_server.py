@@ -982,17 +982,24 @@ PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Which clip is better?</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
- body { font-family: system-ui, sans-serif; margin: 1.5em; background: #fafafa; color: #222; }
- #instruction { font-size: 1.4em; margin: 0.3em 0 0.6em; }
- #clips { display: flex; gap: 2%; }
- figure { flex: 1; margin: 0; text-align: center; }
- video { width: 100%; aspect-ratio: 1; background: #000; object-fit: contain; }
- #buttons { display: flex; gap: 1em; justify-content: center; margin: 1em 0; }
- button { font-size: 1.1em; padding: 0.5em 1em; }
- #status { color: #555; } #message { font-size: 1.2em; margin: 2em 0; } .hidden { display: none; }
+ body { font-family: system-ui, sans-serif; margin: 0; padding: 0.5em 1em; background: #fafafa; color: #222; }
+ #top { display: flex; flex-wrap: wrap; gap: 0.3em 1.5em; align-items: baseline; }
+ #status { color: #555; } #notice { color: #a40; font-weight: 600; }
+ #instruction { font-size: 1.3em; margin: 0.3em 0; }
+ #clips { display: flex; gap: 1.5%; justify-content: center; }
+ figure { margin: 0; text-align: center; }
+ /* clips, question, buttons and legend fit the window (1280x800, 1366x768 included): no scrolling */
+ video { display: block; height: min(calc(100vh - 12.5em), 48vw); aspect-ratio: 1; background: #000; object-fit: contain; }
+ #buttons { display: flex; gap: 0.8em; justify-content: center; margin: 0.4em 0 0.2em; }
+ button { font-size: 1.05em; padding: 0.35em 0.9em; } button:disabled { opacity: 0.45; }
+ #legend, #hint { text-align: center; color: #555; font-size: 0.9em; min-height: 1.2em; }
+ #message { font-size: 1.2em; margin: 2em 0; } .hidden { display: none !important; }
 </style></head>
 <body>
-<div>Rater: <input id="rater" size="16"> <span id="status"></span></div>
+<div id="top">
+ <span>Rater: <input id="rater" size="16"></span> <span id="status"></span>
+ <span id="notice"></span> <button id="undo" class="hidden" tabindex="-1"></button>
+</div>
 <div id="instruction"></div>
 <div id="message" class="hidden"></div>
 <div id="pair" class="hidden">
@@ -1001,64 +1008,131 @@ PAGE = """<!doctype html>
   <figure><video id="right" muted loop playsinline preload="auto"></video><figcaption>Right</figcaption></figure>
  </div>
  <div id="buttons">
-  <button data-choice="left">&larr; Left is better</button>
-  <button data-choice="equal">&uarr; Equally good</button>
-  <button data-choice="cant_tell">&darr; Can't tell</button>
-  <button data-choice="right">Right is better &rarr;</button>
+  <button data-choice="left" tabindex="-1">&larr; Left is better</button>
+  <button data-choice="equal" tabindex="-1">&uarr; Equally good</button>
+  <button data-choice="cant_tell" tabindex="-1">&darr; Can't tell</button>
+  <button data-choice="right" tabindex="-1">Right is better &rarr;</button>
  </div>
+ <div id="hint"></div>
+ <div id="legend">Keys: &larr; left is better, &rarr; right is better, &uarr; equally good, &darr; can't tell;
+  Backspace takes the last answer back</div>
 </div>
 <script>
 const $ = (id) => document.getElementById(id);
-const left = $("left"), right = $("right");
+const left = $("left"), right = $("right"), videos = [left, right];
+const NAMES = {left: "Left is better", right: "Right is better", equal: "Equally good", cant_tell: "Can't tell"};
 const params = new URLSearchParams(location.search);
 $("rater").value = params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
-let pair = null, busy = false, retry = null;
+let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
 function rater() { localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
 function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
-function status(answered, waiting) { $("status").textContent = `you have labelled ${answered} pairs; ${waiting} waiting`; }
+function notice(text) { $("notice").textContent = text; }
+function status(info) {
+  let text = `you have labelled ${info.answered} pairs; ${info.waiting} waiting`;
+  if (info.counted === false) text += "; your answers no longer count (too many check pairs answered unlike their known answer)";
+  $("status").textContent = text;
+}
+// an answer counts only once both clips have played through: a rater answers what they watched
+function ready() { return pair !== null && watched[0] && watched[1]; }
+function showReady() {
+  document.querySelectorAll("button[data-choice]").forEach((b) => { b.disabled = !ready(); });
+  if (!ready()) $("hint").textContent ||= "Watch both clips to the end, then answer.";
+  else $("hint").textContent = "";
+}
 async function next() {
-  clearTimeout(retry); pair = null;
+  clearTimeout(retry); pair = null; showReady();
   try {
     const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()));
     if (response.status === 204) {
       const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()))).json();
-      status(stats.answered, 0);
+      status({...stats, waiting: 0});
       show("Nothing to label right now: every pair has been answered. New pairs appear here as the trainer sends them.");
       retry = setTimeout(next, 3000); return;
     }
     const body = await response.json();
     if (!response.ok) { show("Error: " + body.error); retry = setTimeout(next, 5000); return; }
     pair = body;
-  } catch (error) { show("The label server is not answering; retrying..."); retry = setTimeout(next, 3000); return; }
+  } catch (error) { show("The label server is not answering; looking for the next pair again in 3 s..."); retry = setTimeout(next, 3000); return; }
   $("instruction").textContent = pair.instruction;
-  status(pair.answered, pair.waiting);
+  status(pair);
   $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
+  watched = [false, false]; showReady();
   left.src = pair.left_url; right.src = pair.right_url;
-  Promise.all([left, right].map((v) => v.play().catch(() => {}))).then(() => { left.currentTime = 0; right.currentTime = 0; });
+  Promise.all(videos.map((v) => v.play().catch(() => {}))).then(() => {
+    left.currentTime = 0; right.currentTime = 0; lastTime = [0, 0];
+  });
 }
-// keep the two clips in step: the right one follows the left one's clock
+// keep the two clips in step (the right one follows the left one's clock), and see when each has played through:
+// a looping clip's clock reaches its end or wraps round to the start
 function sync() {
   if (pair && !left.paused && Math.abs(left.currentTime - right.currentTime) > 0.05) right.currentTime = left.currentTime;
+  if (pair) {
+    videos.forEach((v, i) => {
+      if (v.duration && (v.currentTime >= v.duration - 0.05 || v.currentTime < lastTime[i] - 0.2)) watched[i] = true;
+      lastTime[i] = v.currentTime;
+    });
+    showReady();
+  }
   requestAnimationFrame(sync);
 }
 requestAnimationFrame(sync);
+// POST until the server has it: while it is down the answer stays on this page, and the page says so
+async function send(path, body, what) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+      if (response.ok) { notice(attempt ? `${what} is saved now.` : ""); return true; }
+      const error = (await response.json().catch(() => ({}))).error || response.statusText;
+      if (response.status < 500) { notice(`${what} was not saved: ${error}`); return false; }
+      notice(`${what} is not saved yet (the label server failed: ${error}); it is sent again in 3 s.`);
+    } catch (error) {
+      notice(`${what} is not saved yet: the label server is not answering. Keep this page open: it is sent again every 3 s.`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 3000));
+  }
+}
 async function answer(choice) {
-  if (!pair || busy) return;
+  if (busy || !pair) return;
+  if (!ready()) { $("hint").textContent = "Watch both clips to the end first: an answer before that is not taken."; return; }
   busy = true;
-  try {
-    const response = await fetch("/api/labels", {method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({pair_id: pair.pair_id, rater: rater(), choice: choice})});
-    if (!response.ok) { show("Error: " + (await response.json()).error); }
-    await next();
-  } catch (error) { show("The label server is not answering; your last answer was not saved. Retrying..."); retry = setTimeout(next, 3000); }
-  finally { busy = false; }
+  const given = {pair_id: pair.pair_id, rater: rater(), choice: choice};
+  if (await send("/api/labels", given, `Your answer "${NAMES[choice]}"`)) {
+    last = {...given, until: Date.now() + 1000 * pair.undo_seconds}; showUndo();
+  }
+  busy = false;
+  await next();
+}
+function showUndo() {
+  clearTimeout(undoTimer);
+  const remaining = last ? last.until - Date.now() : 0;
+  $("undo").classList.toggle("hidden", remaining <= 0);
+  if (remaining > 0) {
+    $("undo").textContent = `Undo "${NAMES[last.choice]}" (Backspace)`;
+    undoTimer = setTimeout(() => { last = null; showUndo(); }, remaining);
+  }
+}
+async function undo() {
+  if (busy || !last || Date.now() > last.until) return;
+  busy = true;
+  const taken = last; last = null; showUndo();
+  const undone = await send("/api/labels/undo", {pair_id: taken.pair_id, rater: taken.rater}, "Taking back your answer");
+  if (undone) notice(`Your answer "${NAMES[taken.choice]}" was taken back: this is the pair again.`);
+  busy = false;
+  if (undone) await next();  // the server gives this rater that pair again
 }
 const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell"};
 document.addEventListener("keydown", (event) => {
-  if (event.target === $("rater") || !(event.key in KEYS)) return;
-  event.preventDefault(); answer(KEYS[event.key]);
+  if (event.target === $("rater")) return;
+  if (event.key === "Backspace") { event.preventDefault(); undo(); return; }
+  if (!(event.key in KEYS)) return;
+  event.preventDefault();
+  if (event.repeat) return;  // a key held down answers one pair, not every pair after it
+  answer(KEYS[event.key]);
 });
+// the buttons never take the focus, so Space or Enter cannot answer the next pair with the last button clicked
+document.querySelectorAll("button").forEach((b) => b.addEventListener("mousedown", (event) => event.preventDefault()));
 document.querySelectorAll("button[data-choice]").forEach((b) => b.addEventListener("click", () => answer(b.dataset.choice)));
+$("undo").addEventListener("click", undo);
 $("rater").addEventListener("change", next);
 next();
 </script>

@@ -1,7 +1,10 @@
 """The labelling page of label_server.py in a real browser (headless Chromium through Selenium), against a real server
 process: the pair's instruction is shown, both WebM/VP9 clips (encoded exactly as the trainer encodes them) decode and
 play, at the same size and in step, and the arrow keys record left, right, equal and cant_tell answers that reach the
-API and the SQLite file; once every pair is answered the page says so and counts the rater's answers."""
+API and the SQLite file; once every pair is answered the page says so and counts the rater's answers. A rater's time
+and answers are not wasted: no answer before both clips have played through, from a held key or from Enter/Space after
+a click; Backspace takes the last answer back; an answer given while the server is down stays on the page and is sent
+when it is back; clips, question, buttons and key legend fit laptop windows without scrolling."""
 
 import sqlite3
 import time
@@ -11,6 +14,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import numpy as np
 import pytest
+from helpers import free_port
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
@@ -223,3 +227,100 @@ def test_arrow_down_records_cant_tell(label_server, clips, browser):
     press(browser, webdriver.Keys.ARROW_DOWN)
     wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the answer is recorded")
     assert answers_in_database(server.db) == [(pair["pair_id"], RATER, "cant_tell")]
+
+
+def wait_ready(driver):
+    """Waits until the page takes answers: both clips have played through once."""
+    wait_until(lambda: driver.execute_script("return ready()"), "the page takes answers", show=lambda: videos(driver))
+
+
+def answers_after_a_moment(db):
+    time.sleep(0.5)  # an answer the page wrongly sent would have reached the server by now
+    return answers_in_database(db)
+
+
+def test_no_answer_before_both_clips_have_played_nor_from_a_held_key_nor_from_enter_or_space(label_server, clips, browser):
+    server = label_server()
+    pairs = post_pairs(server, clips, 2)
+    browser.get(f"{server.url}/?rater={RATER}")
+    wait_until(lambda: videos(browser)["left"]["src"] == f"/clips/{pairs[0]['left_clip']}", "the page shows the pair")
+    press(browser, webdriver.Keys.ARROW_LEFT)  # at once: the 1.5 s clips have not played through yet
+    assert text_of(browser, "hint").startswith("Watch both clips to the end first")
+    assert not browser.find_element("css selector", 'button[data-choice="left"]').is_enabled()
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    assert answers_after_a_moment(server.db) == []
+    # a key held down: only its first keydown answers, the browser's repeats of it do not
+    browser.execute_script("document.dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowLeft', repeat: true}))")
+    assert answers_after_a_moment(server.db) == []
+    # a click answers, and leaves no button focused: Enter and Space do not answer the next pair
+    browser.find_element("css selector", 'button[data-choice="right"]').click()
+    show_pair(browser, pairs[1])
+    wait_ready(browser)
+    assert browser.execute_script("return document.activeElement.tagName") != "BUTTON"
+    press(browser, webdriver.Keys.ENTER)
+    press(browser, webdriver.Keys.SPACE)
+    assert answers_after_a_moment(server.db) == [(pairs[0]["pair_id"], RATER, "right")]
+
+
+def test_backspace_takes_the_last_answer_back_and_shows_its_pair_again(label_server, clips, browser):
+    server = label_server("--undo-seconds", 60)
+    pairs = post_pairs(server, clips, 2)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_LEFT)
+    show_pair(browser, pairs[1])
+    assert text_of(browser, "undo") == 'Undo "Left is better" (Backspace)'
+    assert answers_in_database(server.db) == [(pairs[0]["pair_id"], RATER, "left")]
+    press(browser, webdriver.Keys.BACKSPACE)
+    show_pair(browser, pairs[0])
+    assert "taken back" in text_of(browser, "notice")
+    assert answers_in_database(server.db) == []
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    show_pair(browser, pairs[1])
+    assert answers_in_database(server.db) == [(pairs[0]["pair_id"], RATER, "right")]
+    # within the undo time the trainer is sent nothing
+    assert server.call("GET", f"/api/labels?experiment={EXPERIMENT}")[1]["labels"] == []
+
+
+def test_an_answer_given_while_the_server_is_down_stays_on_the_page_and_is_sent_when_it_is_back(
+    label_server, clips, browser, tmp_path
+):
+    db, port = tmp_path / "restarted.sqlite", free_port()
+    server = label_server(db=db, port=port)
+    pairs = post_pairs(server, clips, 2)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    server.kill()
+    press(browser, webdriver.Keys.ARROW_LEFT)
+    notice = wait_until(lambda: text_of(browser, "notice"), "the page says what happened to the answer")
+    assert notice.startswith('Your answer "Left is better" is not saved yet') and "sent again" in notice, notice
+    assert videos(browser)["left"]["src"] == f"/clips/{pairs[0]['left_clip']}"  # the pair stays on the page
+    label_server(db=db, port=port)
+    wait_until(lambda: answers_in_database(db) == [(pairs[0]["pair_id"], RATER, "left")], "the answer reaches the server")
+    show_pair(browser, pairs[1])
+    assert text_of(browser, "notice") == 'Your answer "Left is better" is saved now.'
+
+
+@pytest.mark.parametrize("width, height", [(1366, 768), (1280, 800), (1366, 657)])  # 657: 768 less a browser's bars
+def test_clips_question_buttons_and_keys_fit_the_window_without_scrolling(label_server, clips, browser, width, height):
+    server = label_server()
+    (pair,) = post_pairs(server, clips, 1)
+    metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    try:
+        browser.get(f"{server.url}/?rater={RATER}")
+        show_pair(browser, pair)
+        layout = browser.execute_script(
+            "const bottom = (id) => document.getElementById(id).getBoundingClientRect().bottom;"
+            "return {height: innerHeight, page: document.documentElement.scrollHeight, legend: bottom('legend'),"
+            " buttons: bottom('buttons'), clip: document.getElementById('left').getBoundingClientRect().height};"
+        )
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert layout["height"] == height
+    assert max(layout["page"], layout["legend"], layout["buttons"]) <= height, layout
+    assert layout["clip"] >= 400, layout  # and the clips are still big
