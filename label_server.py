@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import re
+import secrets
 import sqlite3
 import sys
 import threading
@@ -52,6 +53,9 @@ class Args:
     """seconds a connection may stay silent (idle keep-alive, or a request sent halfway) before it is closed"""
     max_workers: int = 256
     """connections served at once (one thread each); more wait in the listen backlog"""
+    rater_keys: Optional[str] = None
+    """a file of lines `name key`: each rater labels through their own link (/?key=KEY, printed at the start) and
+    answers only in their own name; requests without a known key are refused"""
     quiet: bool = False
     """no line per request on stderr (errors and their tracebacks are still logged)"""
 
@@ -309,7 +313,8 @@ class LabelStore:
         keys = ("pair_id", "experiment", "left_clip", "right_clip", "instruction")
         pair = dict(zip(keys, row))
         pair["left_url"], pair["right_url"] = f"/clips/{pair['left_clip']}", f"/clips/{pair['right_clip']}"
-        pair["answered"], pair["waiting"], pair["counted"] = answered, waiting, rater not in self.excluded
+        pair["rater"], pair["answered"], pair["waiting"] = rater, answered, waiting
+        pair["counted"] = rater not in self.excluded
         pair["undo_seconds"] = self.undo_seconds
         return pair
 
@@ -573,7 +578,32 @@ def rater_name(name):
     )
 
 
-def make_handler(store, args):
+def load_rater_keys(path):
+    """{key: rater} from a file of lines `name key` (blank lines and # comments skipped); a bad line stops the server."""
+    rater_of_key, key_of_rater = {}, {}
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                words = line.split("#")[0].split()
+                if not words:
+                    continue
+                where = f"{path} line {number}"
+                if len(words) < 2:
+                    raise SystemExit(f"error: {where}: expected a name and a key, e.g. `alice {secrets.token_urlsafe(12)}`")
+                name, key = " ".join(words[:-1]), words[-1]
+                try:
+                    rater = rater_name(name)
+                except ApiError as error:
+                    raise SystemExit(f"error: {where}: {error.message}") from None
+                if key in rater_of_key or rater in key_of_rater:
+                    raise SystemExit(f"error: {where}: the key or the rater {rater!r} is there twice")
+                rater_of_key[key], key_of_rater[rater] = rater, key
+    except OSError as error:
+        raise SystemExit(f"error: cannot read --rater-keys {path}: {error}") from None
+    return rater_of_key
+
+
+def make_handler(store, args, rater_of_key=None):
     loopback_only = args.host in LOOPBACK_NAMES  # then every request's Host must name this machine
 
     class Handler(BaseHTTPRequestHandler):
@@ -687,6 +717,16 @@ def make_handler(store, args):
             if method != "GET" and origin is not None and urllib.parse.urlsplit(origin).netloc != host:
                 raise ApiError(HTTPStatus.FORBIDDEN, f"Origin {origin!r} is not this server: only its own page may post")
 
+        def rater(self, given):
+            """Who is answering: with --rater-keys, the rater whose key the request carries (header X-Rater-Key, or ?key=
+            from their link), whatever name it gives; without, the name it gives."""
+            if rater_of_key is None:
+                return rater_name(given)
+            rater = rater_of_key.get(self.headers.get("X-Rater-Key") or self.query.get("key"))
+            if rater is None:
+                raise ApiError(HTTPStatus.UNAUTHORIZED, "this server knows its raters: open your personal link (/?key=...)")
+            return rater
+
         def require_token(self):
             if args.token and self.headers.get("Authorization") != f"Bearer {args.token}":
                 raise ApiError(HTTPStatus.UNAUTHORIZED, "this endpoint needs 'Authorization: Bearer <token>'")
@@ -728,7 +768,7 @@ def make_handler(store, args):
 
         def dispatch(self, method):
             url = urllib.parse.urlsplit(self.path)
-            query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+            query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
             parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
             try:
                 self.check_origin(method)
@@ -853,10 +893,11 @@ def make_handler(store, args):
             self.send_json(HTTPStatus.OK, pair)
 
         def stats(self, query):
-            self.send_json(HTTPStatus.OK, store.rater_stats(rater_name(query.get("rater"))))
+            rater = self.rater(query.get("rater"))
+            self.send_json(HTTPStatus.OK, {"rater": rater, **store.rater_stats(rater)})
 
         def next_pair(self, query):
-            rater = rater_name(query.get("rater"))
+            rater = self.rater(query.get("rater"))
             pair = store.next_pair(rater)
             if pair is None:
                 self.send_empty(HTTPStatus.NO_CONTENT)
@@ -866,7 +907,7 @@ def make_handler(store, args):
         def post_label(self):
             body = self.read_json()
             pair_id = require_id(body.get("pair_id"), "pair_id")
-            rater = rater_name(body.get("rater"))
+            rater = self.rater(body.get("rater"))
             choice = body.get("choice")
             if choice not in CHOICES:
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"'choice' must be one of {', '.join(CHOICES)}")
@@ -877,7 +918,7 @@ def make_handler(store, args):
         def undo_label(self):
             body = self.read_json()
             pair_id = require_id(body.get("pair_id"), "pair_id")
-            store.undo_answer(pair_id, rater_name(body.get("rater")))
+            store.undo_answer(pair_id, self.rater(body.get("rater")))
             self.send_json(HTTPStatus.OK, {"pair_id": pair_id, "undone": True})
 
         def get_labels(self, query):
@@ -1022,12 +1063,16 @@ const $ = (id) => document.getElementById(id);
 const left = $("left"), right = $("right"), videos = [left, right];
 const NAMES = {left: "Left is better", right: "Right is better", equal: "Equally good", cant_tell: "Can't tell"};
 const params = new URLSearchParams(location.search);
-$("rater").value = params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
+// a personal link (/?key=...) from a server started with --rater-keys: the server says who this is
+const key = params.get("key"), KEY = key ? {"X-Rater-Key": key} : {};
+$("rater").readOnly = Boolean(key);
+$("rater").value = key ? "" : params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
 let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
-function rater() { localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
+function rater() { if (!key) localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
 function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
 function notice(text) { $("notice").textContent = text; }
 function status(info) {
+  if (key) $("rater").value = info.rater;
   let text = `you have labelled ${info.answered} pairs; ${info.waiting} waiting`;
   if (info.counted === false) text += "; your answers no longer count (too many check pairs answered unlike their known answer)";
   $("status").textContent = text;
@@ -1042,9 +1087,9 @@ function showReady() {
 async function next() {
   clearTimeout(retry); pair = null; showReady();
   try {
-    const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()));
+    const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()), {headers: KEY});
     if (response.status === 204) {
-      const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()))).json();
+      const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()), {headers: KEY})).json();
       status({...stats, waiting: 0});
       show("Nothing to label right now: every pair has been answered. New pairs appear here as the trainer sends them.");
       retry = setTimeout(next, 3000); return;
@@ -1080,7 +1125,8 @@ requestAnimationFrame(sync);
 async function send(path, body, what) {
   for (let attempt = 0; ; attempt++) {
     try {
-      const response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+      const headers = {"Content-Type": "application/json", ...KEY};
+      const response = await fetch(path, {method: "POST", headers: headers, body: JSON.stringify(body)});
       if (response.ok) { notice(attempt ? `${what} is saved now.` : ""); return true; }
       const error = (await response.json().catch(() => ({}))).error || response.statusText;
       if (response.status < 500) { notice(`${what} was not saved: ${error}`); return false; }
@@ -1185,8 +1231,9 @@ def main(args: Args) -> None:
         )
     except sqlite3.Error as error:
         raise SystemExit(f"error: cannot open the database {args.db}: {error}") from None
+    rater_of_key = load_rater_keys(args.rater_keys) if args.rater_keys else None
     try:
-        server = Server((args.host, args.port), make_handler(store, args), args.max_workers)
+        server = Server((args.host, args.port), make_handler(store, args, rater_of_key), args.max_workers)
     except OSError as error:
         raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {error}") from None
     server.daemon_threads = True
@@ -1196,6 +1243,8 @@ def main(args: Args) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
         print("warning: listening beyond this machine without --token: anyone who reaches it can post pairs and read labels")
     sys.stdout.flush()
+    for key, rater in (rater_of_key or {}).items():  # on stderr, with the log: the links are as secret as the keys
+        print(f"rater {rater}: http://{host}:{port}/?key={urllib.parse.quote(key)}", file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

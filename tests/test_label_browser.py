@@ -324,3 +324,18 @@ def test_clips_question_buttons_and_keys_fit_the_window_without_scrolling(label_
     assert layout["height"] == height
     assert max(layout["page"], layout["legend"], layout["buttons"]) <= height, layout
     assert layout["clip"] >= 400, layout  # and the clips are still big
+
+
+def test_a_personal_link_labels_in_its_raters_name(label_server, clips, browser, tmp_path):
+    keys = tmp_path / "raters.txt"
+    keys.write_text("Alice k-alice-0123\n")
+    server = label_server("--rater-keys", keys)
+    (pair,) = post_pairs(server, clips, 1)
+    browser.get(f"{server.url}/?key=k-alice-0123&rater=mallory")
+    show_pair(browser, pair)
+    name = browser.find_element("id", "rater")
+    assert (name.get_attribute("value"), name.get_attribute("readonly")) == ("alice", "true")
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_LEFT)
+    wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the answer is recorded")
+    assert answers_in_database(server.db) == [(pair["pair_id"], "alice", "left")]

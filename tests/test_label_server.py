@@ -8,6 +8,8 @@ import io
 import json
 import re
 import socket
+import subprocess
+import sys
 import sqlite3
 import threading
 import time
@@ -64,7 +66,7 @@ def test_the_whole_labelling_cycle(label_server):
     (label,) = labels(server)
     assert label["pair_id"] == "p1" and label["choice"] == "right" and label["metadata"] == {"left_true_return": 3.5}
     assert next_pair(server, "ann") is None  # 204: nothing waiting
-    assert server.call("GET", "/api/stats?rater=ann") == (200, {"answered": 1, "waiting": 0, "counted": True})
+    assert server.call("GET", "/api/stats?rater=ann") == (200, {"rater": "ann", "answered": 1, "waiting": 0, "counted": True})
 
     # polling is incremental: labels after the last sequence number seen
     post_pair(server, "p2")
@@ -545,7 +547,11 @@ def test_rater_names_may_be_any_letters_and_digits(label_server, name):
     assert next_pair(server, urllib.parse.quote(name))["pair_id"] == "p1"
     assert answer(server, "p1", name, "left")[0] == 201
     status, body = server.call("GET", "/api/stats?rater=" + urllib.parse.quote(name))
-    assert (status, body) == (200, {"answered": 1, "waiting": 0, "counted": True})
+    assert status == 200 and {k: body[k] for k in ("answered", "waiting", "counted")} == {
+        "answered": 1,
+        "waiting": 0,
+        "counted": True,
+    }
 
 
 @pytest.mark.parametrize("name", ["", "   ", "<script>", "a\x00b", "a\nb", "a\tb", "x" * 65, "-lead", "a/b"])
@@ -564,7 +570,7 @@ def test_names_differing_only_by_case_or_spaces_are_one_rater(label_server):
         status, body = answer(server, "p1", same, "right")
         assert status == 200 and body["duplicate"], (same, body)
     assert server.call("GET", "/healthz")[1]["answers"] == 1
-    assert server.call("GET", "/api/stats?rater=ALICE")[1] == {"answered": 1, "waiting": 0, "counted": True}
+    assert server.call("GET", "/api/stats?rater=ALICE")[1] == {"rater": "alice", "answered": 1, "waiting": 0, "counted": True}
     # composed and decomposed accents are one name too (NFC), and so are their cases
     post_pair(server, "p2")
     assert answer(server, "p2", "Jos\u00e9", "left")[0] == 201
@@ -873,7 +879,7 @@ def test_an_answer_can_be_taken_back_for_undo_seconds_and_only_then_reaches_the_
     assert status == 409 and "too late" in reply["error"]
     status, reply = server.call("POST", "/api/labels/undo", {"pair_id": "p2", "rater": "ann"})
     assert status == 404 and "no answer" in reply["error"]
-    assert server.call("GET", "/api/stats?rater=ann")[1] == {"answered": 1, "waiting": 1, "counted": True}
+    assert server.call("GET", "/api/stats?rater=ann")[1] == {"rater": "ann", "answered": 1, "waiting": 1, "counted": True}
 
 
 def test_a_rater_is_told_when_their_answers_stop_counting(label_server):
@@ -886,3 +892,40 @@ def test_a_rater_is_told_when_their_answers_stop_counting(label_server):
     assert server.call("GET", "/api/stats?rater=ann")[1]["counted"] is False
     assert next_pair(server, "ann")["counted"] is False
     assert next_pair(server, "bob")["counted"] is True
+
+
+def test_with_rater_keys_each_rater_answers_only_in_their_own_name(label_server, tmp_path):
+    keys = tmp_path / "raters.txt"
+    keys.write_text("# name key\nAlice k-alice-0123\nbob k-bob-4567\n")
+    server = label_server("--rater-keys", keys)
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    status, reply = server.call("GET", "/api/pairs/next?rater=alice")
+    assert status == 401 and "personal link" in reply["error"]
+    assert server.call("GET", "/api/pairs/next?rater=alice", headers={"X-Rater-Key": "guess"})[0] == 401
+    status, pair = server.call("GET", "/api/pairs/next?key=k-alice-0123")  # the link's key, as the page sends it
+    assert (status, pair["rater"]) == (200, "alice")
+    # bob's key answers as bob, whatever name the body gives
+    bob = {"X-Rater-Key": "k-bob-4567"}
+    status, _ = server.call("POST", "/api/labels", {"pair_id": "p1", "rater": "alice", "choice": "left"}, headers=bob)
+    assert status == 201
+    assert server.call("GET", "/api/pairs/p1")[1]["answers"] == [{"rater": "bob", "choice": "left"}]
+    assert server.call("POST", "/api/labels", {"pair_id": "p2", "rater": "alice", "choice": "left"})[0] == 401
+    assert server.call("GET", "/api/stats", headers=bob)[1] == {"rater": "bob", "answered": 1, "waiting": 1, "counted": True}
+    assert "/?key=k-alice-0123" in server.log("?key=k-bob-4567")  # each rater's link is printed at the start
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("alice\n", "name and a key"), ("alice k1\nbob k1\n", "twice"), ("alice k1\nALICE k2\n", "twice"), ("<b> k1\n", "rater")],
+)
+def test_a_malformed_rater_keys_file_stops_the_server_with_its_line(tmp_path, text, message):
+    keys = tmp_path / "raters.txt"
+    keys.write_text(text)
+    result = subprocess.run(
+        [sys.executable, ls.__file__, "--port", "0", "--db", str(tmp_path / "x.sqlite"), "--rater-keys", str(keys)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and message in result.stderr and "raters.txt" in result.stderr, result.stderr
