@@ -711,7 +711,7 @@ class SyntheticTeacher:
     def wait_for_answers(self, stop): ...
     def save(self): ...
     def load(self): ...
-    def close(self): ...
+    def close(self, run_finished=False): ...
 
 
 def make_teacher(args: Args, run_dir, rng):
@@ -1212,13 +1212,27 @@ class HumanTeacher:
         self.thread.start()
         return self
 
-    def close(self):
-        """Stop the thread and save the unanswered pairs."""
+    def close(self, run_finished=False):
+        """Stop the thread and save the unanswered pairs.; once the run has finished, close its pairs on the server
+        (raters get other runs' pairs)."""
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
         self.save()
         print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
+        if run_finished:
+            self._close_experiment()
+
+    def _close_experiment(self):
+        """One try, no retries: if it fails, the pairs are served after those of live runs anyway."""
+        request = urllib.request.Request(f"{self.server}/api/experiments/{self.experiment}/close", data=b"", method="POST")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                print(f"label server: {json.loads(response.read())['closed']} unanswered pairs of the finished run closed")
+        except (OSError, ValueError, KeyError) as error:  # URLError and HTTPError are OSErrors
+            print(f"label server: could not close the finished run's unanswered pairs ({error})")
 
     # --- persistence: asked but unanswered pairs survive a stopped run ---
     def save(self):
@@ -1582,7 +1596,7 @@ if __name__ == "__main__":
     if rlhf:
         reward_training.close()  # after the reward thread's step in progress, if any
         print(f"{buffer.total} labels saved in {labels_dir}/")
-        teacher.close()
+        teacher.close(run_finished=completed == args.num_iterations)
     if args.save_model:
         save_checkpoint(
             checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer

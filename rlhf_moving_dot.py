@@ -633,7 +633,7 @@ class SyntheticTeacher:
     def load(self):
         pass
 
-    def close(self):
+    def close(self, run_finished=False):
         pass
 
 
@@ -1167,11 +1167,25 @@ class HumanTeacher:
         self.thread.start()
         return self
 
-    def close(self):
+    def close(self, run_finished=False):
+        """Stop the thread; once the run has finished, close its pairs on the server (raters get other runs' pairs)."""
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
         print(f"{self.pending} unanswered pairs saved to {self.path} (asked again on --resume)")
+        if run_finished:
+            self._close_experiment()
+
+    def _close_experiment(self):
+        """One try, no retries: if it fails, the pairs are served after those of live runs anyway."""
+        request = urllib.request.Request(f"{self.server}/api/experiments/{self.experiment}/close", data=b"", method="POST")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                print(f"label server: {json.loads(response.read())['closed']} unanswered pairs of the finished run closed")
+        except (OSError, ValueError, KeyError) as error:  # URLError and HTTPError are OSErrors
+            print(f"label server: could not close the finished run's unanswered pairs ({error})")
 
     # --- persistence: asked but unanswered pairs survive a stopped run ---
     def save(self):
@@ -1638,7 +1652,7 @@ if __name__ == "__main__":
     if rlhf:
         save_labels(buffer, teacher, labels_path)
         print(f"{buffer.size} labels saved to {labels_path}")
-        teacher.close()
+        teacher.close(run_finished=completed == args.num_iterations)
         reward_training.close()
     if database is not None:
         database.close()

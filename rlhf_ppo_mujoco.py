@@ -151,8 +151,8 @@ class Args:
     """with --feedback human: the label server's --token, if it has one"""
     instruction: str = "Which clip shows the robot moving forward faster without falling?"
     """with --feedback human: the question raters are asked"""
-    clip_size: int = 160
-    """with --feedback human: clip width and height in pixels"""
+    clip_size: int = 320
+    """with --feedback human: clip width and height in pixels (the page shows clips about 600 px wide: 160 was blurry)"""
     clip_fps: int = 30
     """with --feedback human: playback frame rate (C17 B: clips of 1-2 s)"""
 
@@ -578,7 +578,7 @@ class SyntheticTeacher:
     def load(self):
         pass
 
-    def close(self):
+    def close(self, run_finished=False):
         pass
 
 
@@ -926,7 +926,7 @@ class HumanTeacher:
     are its experiment, named after the run folder."""
 
     def __init__(
-        self, run_dir, env_id, server, token, instruction, clip_size=160, clip_fps=30, env_kwargs=None, poll_interval=2.0
+        self, run_dir, env_id, server, token, instruction, clip_size=320, clip_fps=30, env_kwargs=None, poll_interval=2.0
     ):
         self.env_id, self.env_kwargs = env_id, env_kwargs or {}
         self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.normpath(run_dir)))
@@ -1098,13 +1098,27 @@ class HumanTeacher:
         self.thread.start()
         return self
 
-    def close(self):
-        """Stop the thread and save the pairs nobody has answered yet."""
+    def close(self, run_finished=False):
+        """Stop the thread and save the pairs nobody has answered yet.; once the run has finished, close its pairs on the server
+        (raters get other runs' pairs)."""
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
         self.save()
         print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
+        if run_finished:
+            self._close_experiment()
+
+    def _close_experiment(self):
+        """One try, no retries: if it fails, the pairs are served after those of live runs anyway."""
+        request = urllib.request.Request(f"{self.server}/api/experiments/{self.experiment}/close", data=b"", method="POST")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                print(f"label server: {json.loads(response.read())['closed']} unanswered pairs of the finished run closed")
+        except (OSError, ValueError, KeyError) as error:  # URLError and HTTPError are OSErrors
+            print(f"label server: could not close the finished run's unanswered pairs ({error})")
 
     # --- persistence: asked but unanswered pairs survive a stopped run ---
     def save(self):
@@ -1575,7 +1589,7 @@ if __name__ == "__main__":
     if rlhf:
         save_labels(buffer, teacher, labels_path)
         print(f"{buffer.size} labels saved to {labels_path}")
-        teacher.close()
+        teacher.close(run_finished=completed == args.num_iterations)
         reward_training.close()
     if args.save_model:
         checkpoint_now()

@@ -204,3 +204,9 @@ def rating_by_script(server):
     finally:
         stop.set()
         rater.join(timeout=30)
+
+
+def assert_the_finished_run_closed_its_pairs(server, run_dir, output):
+    """A human-feedback run that finished tells the label server that its pairs need no more answers."""
+    assert "unanswered pairs of the finished run closed" in output, output
+    assert f"POST /api/experiments/{run_dir.name}/close 200" in server.log(until="/close")

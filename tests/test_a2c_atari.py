@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
@@ -535,6 +536,7 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
         trainer = run_atari(tmp_path, args, timeout=600)
     assert trainer.returncode == 0, trainer.stdout + trainer.stderr
     assert "labels 6/6 from the initial policy" in trainer.stdout
+    assert_the_finished_run_closed_its_pairs(server, only_run_dir(tmp_path), trainer.stdout)
     saved = [np.load(f) for f in sorted((only_run_dir(tmp_path) / "labels").glob("*.npz"))]
     mu = np.concatenate([s["mu"] for s in saved])
     diff = np.concatenate([s["left_true_reward"].sum(1) - s["right_true_reward"].sum(1) for s in saved])

@@ -18,6 +18,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
@@ -426,6 +427,7 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
         )
     assert trainer.returncode == 0, trainer.stdout + trainer.stderr
     assert "labels 15/15 from the initial policy" in trainer.stdout
+    assert_the_finished_run_closed_its_pairs(server, only_run_dir(tmp_path), trainer.stdout)
     labels = np.load(only_run_dir(tmp_path) / "labels.npz")
     assert len(labels["mu"]) >= 15
     true_returns = labels["true_reward"].sum(-1)

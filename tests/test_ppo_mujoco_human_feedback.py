@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
 import torch
-from helpers import SCRIPT, free_port, only_run_dir, rating_by_script
+from helpers import SCRIPT, assert_the_finished_run_closed_its_pairs, free_port, only_run_dir, rating_by_script
 
 HUMAN = (
     "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40"
@@ -45,6 +45,7 @@ def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_
     assert "is back" in log and "waiting for" in log and "labels 20/20 from the initial policy" in log
 
     run_dir = only_run_dir(tmp_path)
+    assert_the_finished_run_closed_its_pairs(server, run_dir, log)
     labels = np.load(run_dir / "labels.npz")
     assert len(labels["mu"]) >= 20  # at least the pretraining pairs, all answered by the rater
     # the labels are the rater's answers: the segment with more true reward
