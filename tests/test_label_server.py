@@ -255,6 +255,7 @@ PAIR_P2 = b'{"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l", "right_c
         ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": NaN}}', 400, "NaN"),
         ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": -Infinity}}', 400, "Infinity"),
         ("POST", "/api/pairs", PAIR_P2[:-1] + b', "instruction": "\\ud800"}', 400, "Unicode"),  # a lone surrogate
+        ("POST", "/api/labels", b'{"pair_id": ' + b"7" * 5000 + b', "rater": "ann", "choice": "left"}', 400, "malformed JSON"),
     ],
 )
 def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(label_server, method, path, body, status, message):
