@@ -13,33 +13,22 @@ turn ask for their next pair, answer it and read their stats; each request's tim
 
 import argparse
 import importlib.util
-import json
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-CLIP = b"\x1a\x45\xdf\xa3" + bytes(64)  # a WebM signature is all the server needs to accept a clip
+from label_server_raters import CLIP, call  # the same simulated client, in the same folder
 
 
-def call(url, method, path, body=None, raw=None):
-    """(status, parsed JSON or None, milliseconds)."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(url + path, data=data, method=method)
-    if method == "POST":
-        request.add_header("Content-Type", "application/json")
+def timed_call(url, method, path, body=None):
+    """(status, parsed JSON or None, milliseconds) of one request."""
     started = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            payload, status = response.read(), response.status
-    except urllib.error.HTTPError as error:
-        payload, status = error.read(), error.code
-    return status, json.loads(payload) if payload else None, 1000 * (time.perf_counter() - started)
+    status, payload = call(url, method, path, body)
+    return status, payload, 1000 * (time.perf_counter() - started)
 
 
 def fill(server_path, db, open_pairs, labelled, experiments):
@@ -98,17 +87,17 @@ def main():
                 # the live run posts a new pair now and then: its pairs are the newest and come first
                 if round_index % 10 == 0:
                     pair = {"experiment": "live", "pair_id": f"live{round_index}", "left_clip": "c", "right_clip": "c"}
-                    assert call(url, "POST", "/api/pairs", pair)[0] == 201
+                    assert timed_call(url, "POST", "/api/pairs", pair)[0] == 201
                 for rater_index in range(args.raters):
                     rater = f"rater{rater_index}"
-                    status, pair, ms = call(url, "GET", f"/api/pairs/next?rater={rater}")
+                    status, pair, ms = timed_call(url, "GET", f"/api/pairs/next?rater={rater}")
                     assert status == 200, (status, pair)
                     times["next"].append(ms)
                     vote = {"pair_id": pair["pair_id"], "rater": rater, "choice": "left"}
-                    status, _, ms = call(url, "POST", "/api/labels", vote)
+                    status, _, ms = timed_call(url, "POST", "/api/labels", vote)
                     assert status in (200, 201), status
                     times["answer"].append(ms)
-                    status, _, ms = call(url, "GET", f"/api/stats?rater={rater}")
+                    status, _, ms = timed_call(url, "GET", f"/api/stats?rater={rater}")
                     times["stats"].append(ms)
         finally:
             process.terminate()
