@@ -53,6 +53,9 @@ class Args:
     """seconds a connection may stay silent (idle keep-alive, or a request sent halfway) before it is closed"""
     max_workers: int = 256
     """connections served at once (one thread each); more wait in the listen backlog"""
+    public_url: Optional[str] = None
+    """the address raters open when it is not this server's own, e.g. an HTTPS reverse proxy's
+    (https://labels.example.org): its host is accepted in Host and Origin headers"""
     rater_keys: Optional[str] = None
     """a file of lines `name key`: each rater labels through their own link (/?key=KEY, printed at the start) and
     answers only in their own name; requests without a known key are refused"""
@@ -417,10 +420,13 @@ class LabelStore:
         """The experiment's labels after sequence number `since`, up to the first one still young enough to be taken
         back (labels are numbered in the order they are made, so none is skipped)."""
         self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
+        # up to the first label still young enough to be taken back, by sequence number, not by clock time (the
+        # trainer asks for labels after the last number it has: none may be passed over, even if the clock stepped back)
         rows = self._read(
             "SELECT l.seq, l.pair_id, l.choice, l.votes, p.metadata FROM labels l JOIN pairs p USING (pair_id) "
-            "WHERE l.experiment = ? AND l.seq > ? AND l.created <= ? ORDER BY l.seq LIMIT ?",
-            (experiment, since, time.time() - self.undo_seconds, limit),
+            "WHERE l.experiment = ? AND l.seq > ? AND l.seq < COALESCE((SELECT MIN(seq) FROM labels "
+            "WHERE experiment = ? AND seq > ? AND created > ?), 9223372036854775807) ORDER BY l.seq LIMIT ?",
+            (experiment, since, experiment, since, time.time() - self.undo_seconds, limit),
         )
         return [
             {"seq": seq, "pair_id": pair_id, "choice": choice, "votes": json.loads(votes), "metadata": json.loads(meta)}
@@ -604,7 +610,8 @@ def load_rater_keys(path):
 
 
 def make_handler(store, args, rater_of_key=None):
-    loopback_only = args.host in LOOPBACK_NAMES  # then every request's Host must name this machine
+    loopback_only = args.host in LOOPBACK_NAMES  # then every request's Host must name this machine (or --public-url)
+    public = urllib.parse.urlsplit(args.public_url).netloc if args.public_url else None
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
@@ -711,10 +718,10 @@ def make_handler(store, args, rater_of_key=None):
             """Only this server's own page and programs (no Origin) may use the API. Bound to this machine, the Host must
             name it too: a page whose DNS name was pointed at 127.0.0.1 (DNS rebinding) sends its own name."""
             host = self.headers.get("Host")
-            if host is not None and loopback_only and host_name(host) not in LOOPBACK_NAMES:
+            if host is not None and loopback_only and host_name(host) not in LOOPBACK_NAMES and host != public:
                 raise ApiError(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this machine (a page on another site?)")
             origin = self.headers.get("Origin")
-            if method != "GET" and origin is not None and urllib.parse.urlsplit(origin).netloc != host:
+            if method != "GET" and origin is not None and urllib.parse.urlsplit(origin).netloc not in (host, public):
                 raise ApiError(HTTPStatus.FORBIDDEN, f"Origin {origin!r} is not this server: only its own page may post")
 
         def rater(self, given):
@@ -1218,6 +1225,10 @@ def main(args: Args) -> None:
         raise SystemExit("error: --lease-seconds, --live-seconds, --timeout and --max-workers must be positive")
     if not args.undo_seconds >= 0:
         raise SystemExit("error: --undo-seconds must be 0 or more")
+    if args.public_url and not re.fullmatch(r"https?://[^/\s]+/?", args.public_url):
+        raise SystemExit(
+            f"error: --public-url must be a scheme and a host, like https://labels.example.org (got {args.public_url})"
+        )
     try:
         store = LabelStore(
             args.db,
@@ -1244,7 +1255,8 @@ def main(args: Args) -> None:
         print("warning: listening beyond this machine without --token: anyone who reaches it can post pairs and read labels")
     sys.stdout.flush()
     for key, rater in (rater_of_key or {}).items():  # on stderr, with the log: the links are as secret as the keys
-        print(f"rater {rater}: http://{host}:{port}/?key={urllib.parse.quote(key)}", file=sys.stderr)
+        base = (args.public_url or f"http://{host}:{port}").rstrip("/")
+        print(f"rater {rater}: {base}/?key={urllib.parse.quote(key)}", file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -930,3 +930,29 @@ def test_a_malformed_rater_keys_file_stops_the_server_with_its_line(tmp_path, te
         timeout=60,
     )
     assert result.returncode != 0 and message in result.stderr and "raters.txt" in result.stderr, result.stderr
+
+
+def test_a_label_young_enough_to_be_taken_back_holds_back_the_labels_after_it(tmp_path):
+    """The trainer asks for labels after the last sequence number it has: a label skipped because it is still within
+    --undo-seconds must not be passed by a later one (whose clock time can be older if the system clock stepped back)."""
+    store = ls.LabelStore(str(tmp_path / "labels.sqlite"), undo_seconds=10)
+    store.put_clip("c", "video/webm", CLIP)
+    now = time.time()
+    for seq, created in [(1, now - 20), (2, now), (3, now - 30)]:  # label 3 made after a clock step back
+        pair = {"experiment": "exp", "pair_id": f"p{seq}", "left_clip": "c", "right_clip": "c"}
+        store.add_pair({**pair, "instruction": "Which?", "metadata": {}, "golden": None})
+        store.db.execute("INSERT INTO labels VALUES (?, ?, 'exp', 'left', '[\"left\"]', ?)", (seq, f"p{seq}", created))
+    assert [label["seq"] for label in store.labels_since("exp", 0)] == [1]
+
+
+def test_behind_a_reverse_proxy_its_public_address_is_accepted(label_server):
+    server = label_server("--public-url", "https://labels.example.org")
+    post_pair(server, "p1")
+    public = {"Origin": "https://labels.example.org"}
+    vote = {"pair_id": "p1", "rater": "ann", "choice": "left"}
+    # a proxy that passes the public Host on, and one that rewrites it to the server's own address
+    assert server.call("POST", "/api/labels", vote, headers={**public, "Host": "labels.example.org"})[0] == 201
+    assert server.call("POST", "/api/labels", {**vote, "rater": "bob"}, headers=public)[0] == 201
+    assert server.call("GET", "/", headers={"Host": "labels.example.org"})[0] == 200
+    assert server.call("POST", "/api/labels", {**vote, "rater": "cid"}, headers={"Origin": "https://evil.example"})[0] == 403
+    assert server.call("GET", "/", headers={"Host": "evil.example"})[0] == 403
