@@ -97,9 +97,12 @@ class Args:
     """the target KL divergence threshold"""
 
     # Preference learning arguments
-    feedback: Literal["synthetic", "human", "true-reward"] = "synthetic"
-    """where the reward comes from: preferences of the synthetic teacher, of people through label_server.py, or the
-    environment's reward (baseline)"""
+    feedback: Literal["synthetic", "scripted", "human", "true-reward"] = "synthetic"
+    """where the reward comes from: preferences of the synthetic teacher, of a behaviour function (--behaviour), of
+    people through label_server.py, or the environment's reward (baseline)"""
+    behaviour: Optional[str] = None
+    """with --feedback scripted: the behaviour the teacher prefers, one of BEHAVIOURS (backflip: Hopper, backwards:
+    HalfCheetah, knee-raise: Walker2d)"""
     labels: int = 1400
     """total number of preference labels to query over the run (C17: 700 or 1400)"""
     segment_len: int = 50
@@ -203,6 +206,7 @@ def validate_args(args: Args) -> None:
     except Exception as error:  # e.g. a registered id whose simulator is not installed, or a keyword it does not take
         raise SystemExit(f"error: cannot create {args.env} with --env-kwargs {args.env_kwargs}: {error}") from None
     continuous = isinstance(probe.action_space, gym.spaces.Box) and len(probe.observation_space.shape) == 1
+    obs_shape = probe.observation_space.shape
     probe.close()
     if not continuous:
         raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
@@ -212,6 +216,19 @@ def validate_args(args: Args) -> None:
             f"pretraining rollouts of {args.batch_size} steps; use at least "
             f"{(args.pretrain_iterations + 1) * args.batch_size}"
         )
+    if (args.feedback == "scripted") != (args.behaviour is not None):
+        raise SystemExit("error: --feedback scripted needs --behaviour, and --behaviour needs --feedback scripted")
+    if args.behaviour is not None:
+        if args.behaviour not in BEHAVIOURS:
+            raise SystemExit(f"error: unknown --behaviour '{args.behaviour}'; known: {', '.join(BEHAVIOURS)}")
+        family, obs_size, _ = BEHAVIOURS[args.behaviour]
+        if args.env.split("-")[0] != family:
+            raise SystemExit(f"error: --behaviour {args.behaviour} is for {family} (e.g. {family}-v4), not {args.env}")
+        if obs_shape != (obs_size,):  # e.g. --env-kwargs that add the x position move every index
+            raise SystemExit(
+                f"error: --behaviour {args.behaviour} reads {family}'s default observation ({obs_size} numbers); "
+                f"with --env-kwargs {args.env_kwargs} it has shape {obs_shape}"
+            )
     if args.feedback == "true-reward":
         return
     if args.feedback == "human":
@@ -582,17 +599,66 @@ class SyntheticTeacher:
         pass
 
 
+# RLHF: behaviours nobody wrote a reward for (C17 3.2), as functions a scripted teacher judges segments by. Each takes a
+# batch of segments (obs (n, L, obs_dim), act, mask: 0 after a termination) and scores every step (n, L); the teacher
+# prefers the segment with the higher sum. The observations of these tasks (v4 and v5, default keyword arguments) are
+# the joint positions without the x position (qpos[1:]) followed by the joint velocities (qvel).
+def backflip_steps(segments):
+    """Hopper: rotating backwards (the torso's angle decreasing; it increases when the torso leans forward) with the
+    torso off the ground (above 0.7 m), so a roll on the ground earns nothing. Needs
+    --env-kwargs '{"terminate_when_unhealthy": false}': the task ends an episode when the torso tilts."""
+    height, angular_velocity = segments["obs"][..., 0], segments["obs"][..., 7]
+    return -angular_velocity * (height > 0.7) * segments["mask"]
+
+
+def backwards_steps(segments):
+    """HalfCheetah: running backwards (the x velocity, qvel[0], negated)."""
+    return -segments["obs"][..., 8] * segments["mask"]
+
+
+def knee_raise_steps(segments):
+    """Walker2d: standing upright (torso above 0.8 m, tilted less than 0.5 rad) with the left knee raised (the left
+    thigh's angle, positive when the knee is in front of the hip, counted up to 1.2 rad); 0 when not upright."""
+    height, angle, left_thigh = segments["obs"][..., 0], segments["obs"][..., 1], segments["obs"][..., 5]
+    upright = (height > 0.8) & (np.abs(angle) < 0.5)
+    return upright * np.clip(left_thigh, -0.5, 1.2) * segments["mask"]
+
+
+BEHAVIOURS = {  # --behaviour: (the environment it is for, the size of the observation it reads, its step scores)
+    "backflip": ("Hopper", 11, backflip_steps),
+    "backwards": ("HalfCheetah", 17, backwards_steps),
+    "knee-raise": ("Walker2d", 17, knee_raise_steps),
+}
+
+
+class ScriptedTeacher(SyntheticTeacher):
+    """Prefers the segment a behaviour function scores higher (C17 3.2's novel behaviours, without people); the same
+    answers, noise options and interface as the synthetic teacher, with the behaviour's step scores in place of the
+    true reward. A new behaviour is a function of the segments and an entry in BEHAVIOURS."""
+
+    def __init__(self, step_scores, rng, *noise):
+        super().__init__(rng, *noise)
+        self.step_scores = step_scores
+
+    def ask(self, left, right):
+        mu = self.preferences(self.step_scores(left), self.step_scores(right))
+        answered = ~np.isnan(mu)
+        self.answered.append((index_segments(left, answered), index_segments(right, answered), mu[answered]))
+
+
 def make_teacher(args, run_dir, rng, env_kwargs):
     """The teacher --feedback names (the one place that asks which teacher the run has)."""
-    if args.feedback == "synthetic":
-        return SyntheticTeacher(
-            rng,
+    if args.feedback in ("synthetic", "scripted"):
+        noise = (
             args.teacher_beta,
             args.teacher_gamma,
             args.teacher_epsilon,
             args.teacher_skip_threshold,
             args.teacher_equal_margin,
         )
+        if args.feedback == "scripted":
+            return ScriptedTeacher(BEHAVIOURS[args.behaviour][2], rng, *noise)
+        return SyntheticTeacher(rng, *noise)
     teacher = HumanTeacher(
         run_dir, args.env, args.label_server, args.label_token, args.instruction, args.clip_size, args.clip_fps, env_kwargs
     )
