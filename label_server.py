@@ -1,6 +1,8 @@
 # The human side of RL from preferences (C17 appendix B): people label clip pairs in a browser. Docs: README.md,
 # "Labelling clips yourself" and "Label server API". Standard library only (http.server, sqlite3), plus tyro.
+import contextlib
 import csv
+import hashlib
 import io
 import json
 import re
@@ -79,7 +81,9 @@ CREATE TABLE IF NOT EXISTS answers (pair_id TEXT NOT NULL, rater TEXT NOT NULL, 
                                     created REAL NOT NULL, PRIMARY KEY (pair_id, rater));
 CREATE TABLE IF NOT EXISTS labels (seq INTEGER PRIMARY KEY AUTOINCREMENT, pair_id TEXT NOT NULL UNIQUE,
                                    experiment TEXT NOT NULL, choice TEXT NOT NULL, votes TEXT NOT NULL,
-                                   created REAL NOT NULL);
+                                   created REAL NOT NULL, raters TEXT);
+-- when a trainer last closed its experiment: a pair posted before that is not opened again by an undo
+CREATE TABLE IF NOT EXISTS closed_experiments (experiment TEXT PRIMARY KEY, closed REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 -- answers saved before rater names were normalised (then ASCII only): "Alice" and "alice " become "alice"; where both
 -- answered a pair, the other spelling's answer keeps its old name (OR IGNORE) and still counts as another rater's
@@ -148,6 +152,10 @@ class LabelStore:
                 "BEGIN; ALTER TABLE pairs ADD COLUMN open INTEGER NOT NULL DEFAULT 1; "
                 "UPDATE pairs SET open = 0 WHERE pair_id IN (SELECT pair_id FROM labels); COMMIT;"
             )
+        if "raters" not in [row[1] for row in self.db.execute("PRAGMA table_info(labels)")]:
+            # who gave a label's votes, so that only their answers can take it back; NULL for labels made before
+            # (taking an answer back leaves those labels, as it does a label the answer was not one of the votes of)
+            self.db.execute("ALTER TABLE labels ADD COLUMN raters TEXT")
         self.db.executescript(INDEXES)
         # kept in memory, changed with every write that changes them: counting or grouping 100k rows per request is slow
         self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
@@ -156,6 +164,17 @@ class LabelStore:
     def _read(self, sql, params=()):
         with self.lock:
             return self.db.execute(sql, params).fetchall()
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """The block's statements all committed, or none (then the exception goes on). Under lock."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def put_clip(self, clip_id, content_type, data):
         with self.lock:  # autocommit: the statement is durable when execute returns
@@ -200,7 +219,9 @@ class LabelStore:
         """No more answers wanted for this experiment's open pairs (its run has ended): they are no longer served, and
         its trainer no longer counts as live. Pairs it posts later are open as usual. Returns how many were closed."""
         with self.lock:
-            closed = self.db.execute("UPDATE pairs SET open = 0 WHERE experiment = ? AND open = 1", (experiment,)).rowcount
+            with self._transaction():
+                self.db.execute("INSERT OR REPLACE INTO closed_experiments VALUES (?, ?)", (experiment, time.time()))
+                closed = self.db.execute("UPDATE pairs SET open = 0 WHERE experiment = ? AND open = 1", (experiment,)).rowcount
             self.open_count -= closed
         self.seen.pop(experiment, None)
         return closed
@@ -354,48 +375,58 @@ class LabelStore:
             if pair is None:
                 raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
             experiment, golden = pair
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 cursor = self.db.execute(
                     "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)", (pair_id, rater, choice, time.time())
                 )
                 new = cursor.rowcount == 1
                 final, closed = self._finalize(pair_id, experiment, golden)
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
             self.open_count -= closed
             if new and golden:  # the rater's accuracy on golden pairs changed
                 self.excluded = self._excluded_raters()
         return new, final
 
     def undo_answer(self, pair_id, rater):
-        """Take back a rater's answer given less than undo_seconds ago, with the label it made (which the trainer has
-        not been sent yet); the pair is leased to the rater again, so their page shows it next."""
+        """Take back a rater's answer given less than undo_seconds ago. If the pair's label was made from it, the label
+        goes too (it is as young: the trainer has not been sent it) and the answers left may make a new one; an answer
+        that came after the label (two raters given one pair, a lease having expired) goes alone. Returns whether the
+        pair is open again: then it is leased to the rater, so that their page shows it next."""
         with self.lease_lock, self.lock:
             row = self.db.execute(
-                "SELECT a.created, p.golden IS NOT NULL FROM answers a JOIN pairs p USING (pair_id) "
+                "SELECT a.created, p.experiment, p.golden IS NOT NULL, p.created, l.raters, l.created "
+                "FROM answers a JOIN pairs p USING (pair_id) LEFT JOIN labels l USING (pair_id) "
                 "WHERE a.pair_id = ? AND a.rater = ?",
                 (pair_id, rater),
             ).fetchone()
             if row is None:
                 raise ApiError(HTTPStatus.NOT_FOUND, f"no answer of {rater} to {pair_id} to take back")
-            if time.time() - row[0] > self.undo_seconds:
+            answered, experiment, golden, posted, label_raters, labelled = row
+            made_label = rater in json.loads(label_raters or "[]")
+            now = time.time()
+            # a label is younger than its votes, unless the clock stepped back; labels undo_seconds old go to the trainer
+            if now - answered > self.undo_seconds or (made_label and now - labelled >= self.undo_seconds):
                 message = f"too late to take back: answers can be taken back for {self.undo_seconds:g} s"
                 raise ApiError(HTTPStatus.CONFLICT, message)
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 self.db.execute("DELETE FROM answers WHERE pair_id = ? AND rater = ?", (pair_id, rater))
-                if self.db.execute("DELETE FROM labels WHERE pair_id = ?", (pair_id,)).rowcount:
-                    self.open_count += self.db.execute("UPDATE pairs SET open = 1 WHERE pair_id = ?", (pair_id,)).rowcount
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            if row[1]:  # a golden answer: the rater's accuracy changed
+                if made_label:
+                    self.db.execute("DELETE FROM labels WHERE pair_id = ?", (pair_id,))
+                    final, _ = self._finalize(pair_id, experiment, golden)  # the answers left may be enough
+                    if not final and not self._closed_since(experiment, posted):
+                        self.open_count += self.db.execute(
+                            "UPDATE pairs SET open = 1 WHERE pair_id = ? AND open = 0", (pair_id,)
+                        ).rowcount
+            if golden:  # a golden answer: the rater's accuracy changed
                 self.excluded = self._excluded_raters()
-            self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
+            still_open = self.db.execute("SELECT open FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone() == (1,)
+            if still_open:
+                self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
+            return still_open
+
+    def _closed_since(self, experiment, posted):
+        """Has the experiment's trainer closed it since this time (when one of its pairs was posted)? Under lock."""
+        row = self.db.execute("SELECT closed FROM closed_experiments WHERE experiment = ?", (experiment,)).fetchone()
+        return row is not None and row[0] >= posted
 
     def _finalize(self, pair_id, experiment, golden):
         """Inside a transaction: publish the pair's label once it has `overlap` counted answers (never golden), and
@@ -405,13 +436,13 @@ class LabelStore:
         if golden:
             return False, 0
         rows = self.db.execute("SELECT rater, choice FROM answers WHERE pair_id = ? ORDER BY created", (pair_id,))
-        votes = [choice for rater, choice in rows if rater not in self.excluded]
-        if len(votes) < self.overlap:
+        counted = [(rater, choice) for rater, choice in rows if rater not in self.excluded][: self.overlap]
+        if len(counted) < self.overlap:
             return False, 0
-        votes = votes[: self.overlap]
+        raters, votes = [rater for rater, _ in counted], [choice for _, choice in counted]
         self.db.execute(
-            "INSERT INTO labels (pair_id, experiment, choice, votes, created) VALUES (?, ?, ?, ?, ?)",
-            (pair_id, experiment, majority_vote(votes), json.dumps(votes), time.time()),
+            "INSERT INTO labels (pair_id, experiment, choice, votes, raters, created) VALUES (?, ?, ?, ?, ?, ?)",
+            (pair_id, experiment, majority_vote(votes), json.dumps(votes), json.dumps(raters), time.time()),
         )
         # an answer to a pair its trainer closed is still recorded and labelled; it stays closed
         return True, self.db.execute("UPDATE pairs SET open = 0 WHERE pair_id = ? AND open = 1", (pair_id,)).rowcount
@@ -620,7 +651,7 @@ def make_handler(store, args, rater_of_key=None):
 
         # --- logging: one line per request on stderr (not with --quiet), written once it is answered ---
         def handle_one_request(self):
-            self.started, self.status, self.body_read = time.monotonic(), None, False
+            self.started, self.status, self.body_handled = time.monotonic(), None, False
             self.command, self.path = None, ""  # not the previous request's on this connection, if this one is garbage
             super().handle_one_request()
             if self.status is not None and not args.quiet:
@@ -634,8 +665,11 @@ def make_handler(store, args, rater_of_key=None):
             return super().parse_request()
 
         def send_response(self, code, message=None):
+            self.skip_body()  # first: the reply says whether the connection stays open
             self.status = int(code)
             super().send_response(code, message)
+            if self.close_connection:  # said, or a keep-alive client would send its next request into a closed socket
+                self.send_header("Connection", "close")
 
         def log_request(self, code="-", size="-"):  # the standard library's line per request: ours is written later
             pass
@@ -661,8 +695,8 @@ def make_handler(store, args, rater_of_key=None):
         def send_error(self, code, message=None, explain=None):
             # what the standard library could not parse (request line, headers): JSON too, and the connection closed,
             # as the standard library does, since nothing after it can be trusted to be where a request starts
-            self.close_connection = True
-            self.send_json(code, {"error": message or HTTPStatus(code).phrase}, {"Connection": "close"})
+            self.close_connection = self.body_handled = True
+            self.send_json(code, {"error": message or HTTPStatus(code).phrase})
 
         def send_empty(self, status):
             self.send_response(status)
@@ -678,14 +712,15 @@ def make_handler(store, args, rater_of_key=None):
             if len(length) > 18 or int(length) > limit:  # int() fails on thousands of digits
                 self.close_connection = True  # the unread body must not be parsed as the next request
                 raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes is over the limit of {limit}")
-            self.body_read = True
+            self.body_handled = True
             return self.rfile.read(int(length))
 
         def skip_body(self):
             """A body no endpoint read (an error came first, or the request takes none) must not be parsed as the next
             request on this keep-alive connection: read and drop it if small, else close the connection."""
-            if self.body_read:
+            if self.body_handled:
                 return
+            self.body_handled = True
             length = plain_int(self.headers.get("Content-Length", "0"))
             if self.headers.get("Transfer-Encoding") or length is None or length > args.max_json_bytes:
                 self.close_connection = True
@@ -801,7 +836,6 @@ def make_handler(store, args, rater_of_key=None):
                     self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error!r}"})
                 else:  # the reply had begun: it cannot be replaced by another, only cut short
                     self.close_connection = True
-            self.skip_body()
 
         def do_GET(self):
             self.dispatch("GET")
@@ -844,19 +878,19 @@ def make_handler(store, args, rater_of_key=None):
                 raise ApiError(HTTPStatus.NOT_FOUND, f"unknown clip: {clip_id}")
             content_type, data = clip
             start, end, status = 0, len(data) - 1, HTTPStatus.OK
-            # a number too long for a clip (or for int()) does not match: the Range is ignored, as HTTP allows
-            match = re.fullmatch(r"bytes=([0-9]{0,18})-([0-9]{0,18})", self.headers.get("Range", ""))
+            match = re.fullmatch(r"bytes=([0-9]*)-([0-9]*)", self.headers.get("Range", ""))
             if match and (match[1] or match[2]):
+                # a number longer than 18 digits (int() refuses thousands) is past the end of any clip
+                first, last = (int(n) if len(n) <= 18 else len(data) for n in (match[1] or "0", match[2] or "0"))
                 if match[1]:
-                    start, end = int(match[1]), min(int(match[2]) if match[2] else end, end)
+                    start, end = first, min(last if match[2] else end, end)
                 else:  # suffix range: the last N bytes
-                    start = max(0, len(data) - int(match[2]))
+                    start = max(0, len(data) - last)
                 if start > end:
-                    self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
-                    self.send_header("Content-Range", f"bytes */{len(data)}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                    message = f"range not satisfiable: the clip has {len(data)} bytes"
+                    raise ApiError(
+                        HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, message, {"Content-Range": f"bytes */{len(data)}"}
+                    )
                 status = HTTPStatus.PARTIAL_CONTENT
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -925,8 +959,8 @@ def make_handler(store, args, rater_of_key=None):
         def undo_label(self):
             body = self.read_json()
             pair_id = require_id(body.get("pair_id"), "pair_id")
-            store.undo_answer(pair_id, self.rater(body.get("rater")))
-            self.send_json(HTTPStatus.OK, {"pair_id": pair_id, "undone": True})
+            shown_again = store.undo_answer(pair_id, self.rater(body.get("rater")))
+            self.send_json(HTTPStatus.OK, {"pair_id": pair_id, "undone": True, "shown_again": shown_again})
 
         def get_labels(self, query):
             self.require_token()
@@ -983,27 +1017,31 @@ def make_handler(store, args, rater_of_key=None):
         def import_answers(self):
             """Answers collected elsewhere, as a crowd platform returns them: TSV with INPUT:video1, INPUT:video2 (the
             clips, as URLs or ids) and OUTPUT:result (left, right, or error: the clip did not load, kept as cant_tell),
-            optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>; else each row is its own rater). Every row is
-            checked first: one that names no known pair or an unknown result rejects the whole file, and nothing is
-            recorded. Importing the same file again records nothing new."""
+            optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>). A row without a worker id is a rater of its own,
+            crowd-<file>-row<line>, <file> from the file's SHA-256: a row of another file is never taken for a duplicate
+            of it. Every row is checked first: one that names no known pair or an unknown result rejects the whole
+            file, and nothing is recorded. Importing the same file again records nothing new."""
             self.require_token()
+            body = self.read_body(args.max_clip_bytes)
             try:
-                text = self.read_body(args.max_clip_bytes).decode("utf-8-sig")
+                text = body.decode("utf-8-sig")
             except UnicodeDecodeError:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the TSV must be UTF-8") from None
+            file_id = hashlib.sha256(body).hexdigest()[:12]
             rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
             missing = [c for c in ("INPUT:video1", "INPUT:video2", "OUTPUT:result") if c not in (rows[0] if rows else {})]
             if missing:
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV needs a header row with columns {', '.join(missing)}")
-            answers, problems = [], []
+            answers, problems, without_worker_id = [], [], 0
             for number, row in enumerate(rows, start=2):  # line numbers of the file, the header being line 1
                 result = (row["OUTPUT:result"] or "").strip().lower()
                 choice = {"error": "cant_tell"}.get(result, result)
                 clips = [clip_id_of(row[c]) for c in ("INPUT:video1", "INPUT:video2")]
                 found = store.pair_of_clips(*clips) if all(clips) else None
                 worker = (row.get("ASSIGNMENT:worker_id") or "").strip()
+                without_worker_id += not worker
                 try:
-                    rater = rater_name(f"crowd-{worker}" if worker else f"crowd-row{number}")
+                    rater = rater_name(f"crowd-{worker}" if worker else f"crowd-{file_id}-row{number}")
                 except ApiError:
                     rater = None
                 if choice not in CHOICES:
@@ -1021,7 +1059,8 @@ def make_handler(store, args, rater_of_key=None):
                 more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
                 raise ApiError(HTTPStatus.BAD_REQUEST, "nothing imported: " + "; ".join(problems[:10]) + more)
             recorded = sum(store.add_answer(pair_id, rater, choice)[0] for pair_id, rater, choice in answers)
-            self.send_json(HTTPStatus.OK, {"rows": len(rows), "recorded": recorded, "duplicates": len(rows) - recorded})
+            reply = {"rows": len(rows), "recorded": recorded, "duplicates": len(rows) - recorded}
+            self.send_json(HTTPStatus.OK, {**reply, "without_worker_id": without_worker_id, "file": file_id})
 
     return Handler
 
@@ -1128,15 +1167,16 @@ function sync() {
   requestAnimationFrame(sync);
 }
 requestAnimationFrame(sync);
-// POST until the server has it: while it is down the answer stays on this page, and the page says so
+// POST until the server has it (then its reply, else null): while it is down the answer stays on this page, and the
+// page says so
 async function send(path, body, what) {
   for (let attempt = 0; ; attempt++) {
     try {
       const headers = {"Content-Type": "application/json", ...KEY};
       const response = await fetch(path, {method: "POST", headers: headers, body: JSON.stringify(body)});
-      if (response.ok) { notice(attempt ? `${what} is saved now.` : ""); return true; }
+      if (response.ok) { notice(attempt ? `${what} is saved now.` : ""); return await response.json().catch(() => ({})); }
       const error = (await response.json().catch(() => ({}))).error || response.statusText;
-      if (response.status < 500) { notice(`${what} was not saved: ${error}`); return false; }
+      if (response.status < 500) { notice(`${what} was not saved: ${error}`); return null; }
       notice(`${what} is not saved yet (the label server failed: ${error}); it is sent again in 3 s.`);
     } catch (error) {
       notice(`${what} is not saved yet: the label server is not answering. Keep this page open: it is sent again every 3 s.`);
@@ -1169,9 +1209,11 @@ async function undo() {
   busy = true;
   const taken = last; last = null; showUndo();
   const undone = await send("/api/labels/undo", {pair_id: taken.pair_id, rater: taken.rater}, "Taking back your answer");
-  if (undone) notice(`Your answer "${NAMES[taken.choice]}" was taken back: this is the pair again.`);
+  // the pair again, unless it needs no more answers (another rater's answer made its label, or its run has ended)
+  if (undone) notice(`Your answer "${NAMES[taken.choice]}" was taken back: ` +
+                     (undone.shown_again ? "this is the pair again." : "that pair needs no more answers."));
   busy = false;
-  if (undone) await next();  // the server gives this rater that pair again
+  if (undone) await next();  // the server gives this rater that pair again, if it is open
 }
 const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell"};
 document.addEventListener("keydown", (event) => {

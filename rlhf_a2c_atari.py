@@ -1213,7 +1213,7 @@ class HumanTeacher:
         return self
 
     def close(self, run_finished=False):
-        """Stop the thread and save the unanswered pairs.; once the run has finished, close its pairs on the server
+        """Stop the thread and save the unanswered pairs; once the run has finished, close its pairs on the server
         (raters get other runs' pairs)."""
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for

@@ -1,7 +1,8 @@
 """The labelling page of label_server.py in a real browser (headless Chromium through Selenium), against a real server
 process: the pair's instruction is shown, both WebM/VP9 clips (encoded exactly as the trainer encodes them) decode and
 play, at the same size and in step, and the arrow keys record left, right, equal and cant_tell answers that reach the
-API and the SQLite file; once every pair is answered the page says so and counts the rater's answers. A rater's time
+API and the SQLite file; once every pair is answered the page says so and counts the rater's answers, and it tells a
+rater whose golden-pair answers exclude them that their answers no longer count. A rater's time
 and answers are not wasted: no answer before both clips have played through, from a held key or from Enter/Space after
 a click; Backspace takes the last answer back; an answer given while the server is down stays on the page and is sent
 when it is back; clips, question, buttons and key legend fit laptop windows without scrolling."""
@@ -102,8 +103,9 @@ def wait_until(condition, what, show=None):
     pytest.fail(f"timed out after {DEADLINE:.0f} s waiting until {what}" + (f"; the page shows {show()!r}" if show else ""))
 
 
-def post_pairs(server, clips, count):
-    """Uploads two clips per pair and posts `count` pairs; returns them as posted, in the order they are served."""
+def post_pairs(server, clips, count, **extra):
+    """Uploads two clips per pair and posts `count` pairs (with `extra` fields, e.g. golden="left"); returns them as
+    posted, in the order they are served."""
     pairs = []
     for i in range(count):
         pair = {
@@ -112,6 +114,7 @@ def post_pairs(server, clips, count):
             "left_clip": f"clip-{2 * i}",
             "right_clip": f"clip-{2 * i + 1}",
             "instruction": f"Which hopper moves further to the right? (pair {i})",
+            **extra,
         }
         for side, clip in (("left_clip", clips[2 * i]), ("right_clip", clips[2 * i + 1])):
             status, _ = server.call("PUT", f"/api/clips/{pair[side]}", raw=clip, headers={"Content-Type": "video/webm"})
@@ -219,14 +222,16 @@ def test_rater_labels_three_pairs_with_the_arrow_keys_while_both_clips_play(labe
     assert answers_in_database(server.db) == expected
 
 
-def test_arrow_down_records_cant_tell(label_server, clips, browser):
-    server = label_server()
-    (pair,) = post_pairs(server, clips, 1)
+def test_arrow_down_records_cant_tell_and_a_rater_who_fails_the_golden_pairs_is_told(label_server, clips, browser):
+    server = label_server("--golden-min", 1)  # one golden pair answered unlike its known answer excludes the rater
+    (pair,) = post_pairs(server, clips, 1, golden="left")
     browser.get(f"{server.url}/?rater={RATER}")
     show_pair(browser, pair)
+    assert "no longer count" not in text_of(browser, "status")
     press(browser, webdriver.Keys.ARROW_DOWN)
     wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the answer is recorded")
     assert answers_in_database(server.db) == [(pair["pair_id"], RATER, "cant_tell")]
+    assert "your answers no longer count" in text_of(browser, "status")
 
 
 def wait_ready(driver):

@@ -3,6 +3,7 @@ overlap with majority vote, golden pairs, the token, bad input, unsupported meth
 losing nothing acknowledged."""
 
 import csv
+import hashlib
 import http.client
 import io
 import json
@@ -38,9 +39,19 @@ def answer(server, pair_id, rater, choice):
     return server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": rater, "choice": choice})
 
 
+def take_back(server, pair_id, rater):
+    return server.call("POST", "/api/labels/undo", {"pair_id": pair_id, "rater": rater})
+
+
 def next_pair(server, rater):
     status, body = server.call("GET", f"/api/pairs/next?rater={rater}")
     return None if status == 204 else body
+
+
+def answers_and_label(server, pair_id):
+    """A pair's answers as (rater, choice), oldest first, and its label's choice (None before it has one)."""
+    pair = server.call("GET", f"/api/pairs/{pair_id}")[1]
+    return [(a["rater"], a["choice"]) for a in pair["answers"]], pair["label"] and pair["label"]["choice"]
 
 
 def labels(server, experiment="exp", since=0):
@@ -347,14 +358,15 @@ def test_the_page_is_served_with_the_keys_of_c17(label_server):
     [
         (b"POST /api/labels HTTP/1.1\r\nContent-Length: \xb2", 400),  # '\xb2' is '²' in latin-1: a digit to str.isdigit
         (b"POST /api/labels HTTP/1.1\r\nContent-Length: " + b"9" * 5000, 413),  # too many digits for int()
-        (b"GET /clips/p1-l HTTP/1.1\r\nRange: bytes=" + b"9" * 5000 + b"-", (200, 416)),
+        (b"GET /clips/p1-l HTTP/1.1\r\nRange: bytes=" + b"9" * 5000 + b"-", 416),  # starts past the clip's end
     ],
 )
 def test_numbers_python_cannot_convert_are_bad_input_not_a_crash(label_server, head, status):
     server = label_server()
     post_pair(server, "p1")
-    line, _ = raw_request(server.port, head + b"\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-    assert int(line.split()[1]) in (status if isinstance(status, tuple) else (status,)), line
+    line, body = raw_request(server.port, head + b"\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    assert int(line.split()[1]) == status, line
+    assert json.loads(body)["error"], body
 
 
 # looks like a request: if the server read it as the next one on a keep-alive connection, it would answer it (404)
@@ -403,6 +415,8 @@ def test_a_body_left_unread_by_an_error_is_never_read_as_the_next_request(label_
             ("PUT", "/api/clips/c1", {}, 401),  # refused before the clip is read
             ("PUT", "/api/clips/.c1", {"Authorization": "Bearer s3cret"}, 400),
             ("POST", "/api/nothing", {}, 404),
+            ("POST", "/api/labels", {"Content-Length": "-66"}, 400),  # no length to skip the body by
+            ("POST", "/api/labels", {"Content-Length": "100000"}, 413),  # too long to read: not read
         ]:
             connection.request(method, path, body=SMUGGLED, headers=headers)
             reply = connection.getresponse()
@@ -693,8 +707,8 @@ def test_a_trainer_closes_its_experiment_and_its_pairs_are_no_longer_served(labe
 
 def test_a_database_from_before_closing_serves_only_its_unlabelled_pairs(label_server, tmp_path):
     db = tmp_path / "old.sqlite"
-    with closing(sqlite3.connect(db)) as old:  # the tables as servers before the `open` column made them
-        old.executescript(ls.SCHEMA)
+    with closing(sqlite3.connect(db)) as old:  # the tables as servers before the `open` column (and labels' raters) made them
+        old.executescript(ls.SCHEMA.replace(", raters TEXT", ""))
         old.execute("INSERT INTO clips VALUES ('c', 'video/webm', ?, 0)", (CLIP,))
         for i in (1, 2, 3):
             old.execute("INSERT INTO pairs VALUES (?, 'exp', 'c', 'c', 'Which?', '{}', NULL, ?)", (f"p{i}", i))
@@ -705,6 +719,8 @@ def test_a_database_from_before_closing_serves_only_its_unlabelled_pairs(label_s
     pair = next_pair(server, "bob")
     assert (pair["pair_id"], pair["waiting"]) == ("p2", 2)
     assert [x["pair_id"] for x in labels(server)] == ["p1"]
+    assert answer(server, "p2", "bob", "left")[0] == 201  # a label made now records its raters
+    assert [x["pair_id"] for x in labels(server)] == ["p1", "p2"]
 
 
 def test_the_queue_is_walked_through_indexes_never_scanned(tmp_path):
@@ -839,13 +855,14 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
             "p2-l\tp2-r\tRight\tw3\n",
         ]
     )
-    assert import_tsv(server, results) == (200, {"rows": 6, "recorded": 6, "duplicates": 0})
+    counts = {"rows": 6, "without_worker_id": 0, "file": hashlib.sha256(results.encode()).hexdigest()[:12]}
+    assert import_tsv(server, results) == (200, {**counts, "recorded": 6, "duplicates": 0})
     assert {x["pair_id"]: (x["choice"], x["votes"]) for x in labels(server)} == {
         "p1": ("left", ["left", "left", "right"]),
         "p2": ("right", ["cant_tell", "right", "right"]),
     }
     assert [a["rater"] for a in server.call("GET", "/api/pairs/p1")[1]["answers"]] == ["crowd-w1", "crowd-w2", "crowd-w3"]
-    assert import_tsv(server, results) == (200, {"rows": 6, "recorded": 0, "duplicates": 6})  # the same file again
+    assert import_tsv(server, results) == (200, {**counts, "recorded": 0, "duplicates": 6})  # the same file again
 
     # one bad row rejects the whole file: nothing of it is recorded
     post_pair(server, "p3")
@@ -858,6 +875,21 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
     assert server.call("POST", "/api/import", raw=results.encode(), token="wrong")[0] == 401
 
 
+def test_crowd_rows_without_a_worker_id_never_collide_with_another_files_rows(label_server):
+    server = label_server("--overlap", 2, token="s3cret")
+    post_pair(server, "p1")
+    header = "INPUT:video1\tINPUT:video2\tOUTPUT:result\n"
+    first, second = header + "p1-l\tp1-r\tleft\n", header + "p1-l\tp1-r\tright\n"  # the same line of two files
+    assert import_tsv(server, first)[1]["recorded"] == 1
+    status, reply = import_tsv(server, second)
+    assert (status, reply["recorded"]) == (200, 1)
+    file_id = hashlib.sha256(second.encode()).hexdigest()[:12]
+    assert (reply["without_worker_id"], reply["file"]) == (1, file_id)
+    assert (f"crowd-{file_id}-row2", "right") in answers_and_label(server, "p1")[0]
+    assert sorted(labels(server)[0]["votes"]) == ["left", "right"]
+    assert import_tsv(server, second)[1]["duplicates"] == 1  # the same file again records nothing
+
+
 def test_an_answer_can_be_taken_back_for_undo_seconds_and_only_then_reaches_the_trainer(label_server):
     server = label_server("--undo-seconds", 2)
     post_pair(server, "p1")
@@ -866,21 +898,62 @@ def test_an_answer_can_be_taken_back_for_undo_seconds_and_only_then_reaches_the_
     assert answer(server, "p1", "ann", "left")[1]["final"]
     assert next_pair(server, "ann")["pair_id"] == "p2"
     assert labels(server) == []  # not yet: ann may take it back
-    assert server.call("POST", "/api/labels/undo", {"pair_id": "p1", "rater": "Ann"}) == (
-        200,
-        {"pair_id": "p1", "undone": True},
-    )
-    pair = server.call("GET", "/api/pairs/p1")[1]
-    assert (pair["answers"], pair["label"]) == ([], None)
+    assert take_back(server, "p1", "Ann") == (200, {"pair_id": "p1", "undone": True, "shown_again": True})
+    assert answers_and_label(server, "p1") == ([], None)
     assert next_pair(server, "ann")["pair_id"] == "p1"  # the page shows it again
     assert answer(server, "p1", "ann", "right")[0] == 201
     time.sleep(2.2)
     assert [(x["pair_id"], x["choice"]) for x in labels(server)] == [("p1", "right")]
-    status, reply = server.call("POST", "/api/labels/undo", {"pair_id": "p1", "rater": "ann"})
+    status, reply = take_back(server, "p1", "ann")
     assert status == 409 and "too late" in reply["error"]
-    status, reply = server.call("POST", "/api/labels/undo", {"pair_id": "p2", "rater": "ann"})
+    status, reply = take_back(server, "p2", "ann")
     assert status == 404 and "no answer" in reply["error"]
     assert server.call("GET", "/api/stats?rater=ann")[1] == {"rater": "ann", "answered": 1, "waiting": 1, "counted": True}
+
+
+def test_taking_back_an_answer_that_did_not_make_the_label_leaves_the_label(label_server):
+    """At overlap 1 a lease that expired gives one pair to two raters: the first answer makes the label, the second is
+    only recorded. Taking the second back must not take the label (which the trainer may have) with it."""
+    server = label_server("--lease-seconds", 0.5, "--undo-seconds", 1, token="s3cret")
+    post_pair(server, "p1")
+    assert next_pair(server, "ann")["pair_id"] == "p1"
+    time.sleep(0.8)  # ann's lease expires
+    assert next_pair(server, "bob")["pair_id"] == "p1"
+    assert answer(server, "p1", "bob", "left")[1]["final"]  # bob's answer makes the label
+    assert answer(server, "p1", "ann", "right")[0] == 201  # ann's, a moment later, is only recorded
+    status, reply = take_back(server, "p1", "ann")
+    assert answers_and_label(server, "p1") == ([("bob", "left")], "left")
+    assert (status, reply["shown_again"]) == (200, False)  # the pair needs no answer: ann is given the next one
+    time.sleep(1.2)
+    (label,) = labels(server)  # the trainer gets bob's label
+    assert (label["choice"], label["votes"]) == ("left", ["left"])
+    assert server.call("POST", "/api/experiments/exp/close")[0] == 200  # and its run ends
+    assert answer(server, "p1", "ann", "right")[0] == 201  # ann answers again, from a page left open
+    assert take_back(server, "p1", "ann")[0] == 200
+    assert answers_and_label(server, "p1") == ([("bob", "left")], "left")  # the label the trainer has stays
+    assert labels(server, since=label["seq"]) == []
+    assert next_pair(server, "cat") is None  # and the closed experiment's pair is not served again
+
+
+def test_taking_back_the_answer_that_made_the_label_lets_the_answers_left_make_it(label_server):
+    server = label_server("--lease-seconds", 0.5, "--undo-seconds", 60, token="s3cret")
+    post_pair(server, "p1")
+    post_pair(server, "p2")
+    assert next_pair(server, "ann")["pair_id"] == "p1"
+    time.sleep(0.8)
+    assert next_pair(server, "bob")["pair_id"] == "p1"
+    answer(server, "p1", "ann", "left")  # makes the label
+    answer(server, "p1", "bob", "right")
+    assert take_back(server, "p1", "ann")[0] == 200
+    assert answers_and_label(server, "p1") == ([("bob", "right")], "right")
+    assert next_pair(server, "cat")["pair_id"] == "p2"  # p1 has its label: nobody is asked again
+    # an answer to a pair of a closed experiment is labelled; taken back, the pair stays closed
+    assert server.call("POST", "/api/experiments/exp/close")[1]["closed"] == 1
+    answer(server, "p2", "dan", "left")
+    status, reply = take_back(server, "p2", "dan")
+    assert answers_and_label(server, "p2") == ([], None)
+    assert next_pair(server, "dan") is None and next_pair(server, "eve") is None
+    assert (status, reply["shown_again"]) == (200, False)
 
 
 def test_a_rater_is_told_when_their_answers_stop_counting(label_server):
@@ -941,7 +1014,10 @@ def test_a_label_young_enough_to_be_taken_back_holds_back_the_labels_after_it(tm
     for seq, created in [(1, now - 20), (2, now), (3, now - 30)]:  # label 3 made after a clock step back
         pair = {"experiment": "exp", "pair_id": f"p{seq}", "left_clip": "c", "right_clip": "c"}
         store.add_pair({**pair, "instruction": "Which?", "metadata": {}, "golden": None})
-        store.db.execute("INSERT INTO labels VALUES (?, ?, 'exp', 'left', '[\"left\"]', ?)", (seq, f"p{seq}", created))
+        store.db.execute(
+            "INSERT INTO labels (seq, pair_id, experiment, choice, votes, created) VALUES (?, ?, 'exp', 'left', '[]', ?)",
+            (seq, f"p{seq}", created),
+        )
     assert [label["seq"] for label in store.labels_since("exp", 0)] == [1]
 
 
