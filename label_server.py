@@ -2,11 +2,15 @@
 # "Labelling clips yourself" and "Label server API". Standard library only (http.server, sqlite3), plus tyro.
 import contextlib
 import csv
+import errno
 import hashlib
 import io
 import json
+import queue
 import re
 import secrets
+import selectors
+import socket
 import sqlite3
 import sys
 import threading
@@ -17,7 +21,7 @@ import urllib.parse
 from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Optional
 
 import tyro
@@ -52,9 +56,10 @@ class Args:
     undo_seconds: float = 10.0
     """a rater may take an answer back this long; a label reaches the trainer only after it (0: at once, no undo)"""
     timeout: float = 30.0
-    """seconds a connection may stay silent (idle keep-alive, or a request sent halfway) before it is closed"""
+    """seconds a connection may wait for its next request to arrive whole (idle keep-alive, a request sent halfway),
+    or stay silent in the middle of a clip's upload, before it is closed"""
     max_workers: int = 256
-    """connections served at once (one thread each); more wait in the listen backlog"""
+    """requests answered at once (one thread each); idle connections and requests still arriving wait without a thread"""
     public_url: Optional[str] = None
     """the address raters open when it is not this server's own, e.g. an HTTPS reverse proxy's
     (https://labels.example.org): its host is accepted in Host and Origin headers"""
@@ -647,7 +652,21 @@ def make_handler(store, args, rater_of_key=None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
         server_version = "label_server"
-        timeout = args.timeout  # a silent connection (idle keep-alive, half a request) must not hold a thread forever
+        timeout = args.timeout  # a client silent mid-upload (or not reading its reply) must not hold a worker forever
+
+        # --- one request per worker: the server's main thread waits for it to arrive, and for the next one ---
+        def __init__(self, request, client_address, server, received=b""):
+            self.received = received  # what the main thread has read of the connection: the request's head at least
+            super().__init__(request, client_address, server)
+
+        def setup(self):
+            super().setup()
+            self.rfile.close()
+            self.rfile = RequestReader(self.received, self.connection)
+
+        def handle(self):  # the standard library's loops until the connection closes, holding the worker meanwhile
+            self.close_connection = True  # unless the request says keep-alive: then it goes back to the server
+            self.handle_one_request()
 
         # --- logging: one line per request on stderr (not with --quiet), written once it is answered ---
         def handle_one_request(self):
@@ -1235,29 +1254,189 @@ next();
 """
 
 
-class Server(ThreadingHTTPServer):
-    """A thread per connection, at most `max_workers` at once: when all are busy it stops accepting, and new
-    connections wait in the kernel's listen backlog (longer than the default 5) until a worker is free."""
+CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:[ \t]*(\d{1,18})[ \t]*\r?\n", re.IGNORECASE)
+EXPECT_CONTINUE = re.compile(rb"\nexpect[ \t]*:[ \t]*100-continue", re.IGNORECASE)  # curl, for larger bodies
+MAX_HEAD = 65536  # bytes of a head still arriving kept by the main thread; a longer one is a worker's to refuse
 
-    request_queue_size = 1024
 
-    def __init__(self, address, handler, max_workers):
-        self.workers = threading.BoundedSemaphore(max_workers)
+def whole_request(received, body_limit):
+    """Has the request's head (request line and headers) arrived, and its body if it is `body_limit` bytes or shorter?
+    (A longer body, a clip's or one to refuse, is the worker's to read, as is one the client sends only once told to
+    go on.) Only when to hand the request to a worker, who parses it for real: a malformed head goes as it is."""
+    ends = [at + len(blank) for blank in (b"\n\r\n", b"\n\n") if (at := received.find(blank)) >= 0]  # after the headers
+    if not ends:
+        return len(received) > MAX_HEAD
+    head = received[: min(ends)]
+    length = CONTENT_LENGTH.search(head)
+    body = int(length[1]) if length else 0
+    return body > body_limit or EXPECT_CONTINUE.search(head) is not None or len(received) - len(head) >= body
+
+
+class RequestReader:
+    """A connection's bytes as a request handler reads them (readline for the head, read for the body): first those
+    the server's main thread received, then more from the socket. What is left after the request (a next request,
+    sent at once) stays in `unread` and goes back to the main thread with the connection."""
+
+    def __init__(self, received, connection):
+        self.unread, self.connection = bytearray(received), connection
+
+    def receive(self):
+        data = self.connection.recv(65536)  # at most the handler's timeout of silence: then TimeoutError
+        self.unread += data
+        return len(data) > 0
+
+    def take(self, size):
+        data = bytes(self.unread[:size])
+        del self.unread[:size]
+        return data
+
+    def readline(self, limit=-1):
+        while b"\n" not in self.unread and (limit < 0 or len(self.unread) < limit) and self.receive():
+            pass
+        end = self.unread.find(b"\n") + 1 or len(self.unread)
+        return self.take(end if limit < 0 else min(end, limit))
+
+    def read(self, size):
+        while len(self.unread) < size and self.receive():
+            pass
+        return self.take(size)
+
+    def close(self):  # the server closes the connection, or keeps it for the next request
+        pass
+
+
+@dataclass
+class Waiting:
+    """A connection the main thread holds until its next request has arrived."""
+
+    address: tuple
+    received: bytearray
+    deadline: float  # time.monotonic() when it is closed if its request is not whole by then
+
+
+class Server(HTTPServer):
+    """A connection holds a thread only while one of its requests is answered. The main thread accepts connections
+    and waits, in one selector, until a request has arrived whole (its head, and its body unless over `body_limit`);
+    one of `max_workers` worker threads then answers it and gives a keep-alive connection back to wait for its next
+    request. A connection whose request is not whole `timeout` seconds after it began waiting (idle keep-alive, a
+    request sent halfway) is closed. So however many connections sit idle or send slowly, a new client is answered
+    at once, and waiting costs no CPU."""
+
+    request_queue_size = 1024  # the listen backlog, for bursts of new connections (the default is 5)
+
+    def __init__(self, address, handler, max_workers, timeout, body_limit):
         super().__init__(address, handler)
+        self.request_timeout, self.body_limit = timeout, body_limit
+        self.waiting = {}  # socket -> Waiting, in the order they began waiting: the first is the first to expire
+        self.selector = selectors.DefaultSelector()
+        self.requests = queue.SimpleQueue()  # (socket, address, bytes received) for the workers to answer
+        self.given_back = queue.SimpleQueue()  # (socket, address, bytes not read) of keep-alive connections
+        self.wake_up, self.wake_up_sender = socket.socketpair()  # a worker's byte here wakes the main thread
+        for _ in range(max_workers):
+            threading.Thread(target=self.work, daemon=True).start()
 
-    def process_request(self, request, client_address):
-        self.workers.acquire()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: nobody else will give the worker back
-            self.workers.release()
-            raise
+    def serve(self):
+        self.socket.setblocking(False)
+        self.wake_up.setblocking(False)
+        self.selector.register(self.socket, selectors.EVENT_READ)
+        self.selector.register(self.wake_up, selectors.EVENT_READ)
+        while True:
+            first = next(iter(self.waiting.values()), None)
+            timeout = None if first is None else max(0.0, first.deadline - time.monotonic())  # sleeps till then
+            for key, _ in self.selector.select(timeout):
+                if key.fileobj is self.socket:
+                    self.accept()
+                elif key.fileobj is self.wake_up:
+                    self.take_back()
+                else:
+                    self.receive(key.fileobj)
+            self.close_expired()
 
-    def process_request_thread(self, request, client_address):
+    def accept(self):
+        while True:  # every connection in the backlog
+            try:
+                connection, address = self.socket.accept()
+            except BlockingIOError:
+                return
+            except OSError as error:  # out of file descriptors (EMFILE), or a client that gave up (ECONNABORTED)
+                if error.errno not in (errno.EMFILE, errno.ENFILE):
+                    return
+                if not self.waiting:
+                    time.sleep(0.1)  # each one is a worker's: try again soon, without spinning
+                    return
+                self.close(next(iter(self.waiting)))  # the connection that has waited longest makes room
+                continue
+            self.wait_for_request(connection, address, b"")
+
+    def wait_for_request(self, connection, address, received):
+        connection.setblocking(False)
+        self.waiting[connection] = Waiting(address, bytearray(received), time.monotonic() + self.request_timeout)
+        self.selector.register(connection, selectors.EVENT_READ)
+        if whole_request(received, self.body_limit):  # sent at once with the request before
+            self.hand_over(connection)
+
+    def receive(self, connection):
+        waiting = self.waiting[connection]
         try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.workers.release()
+            data = connection.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:  # reset by the client
+            self.close(connection)
+            return
+        waiting.received += data
+        if not waiting.received:  # closed by the client between requests
+            self.close(connection)
+        elif not data or whole_request(waiting.received, self.body_limit):
+            self.hand_over(connection)  # whole, or all the client will send: a worker answers what there is
+
+    def hand_over(self, connection):
+        self.selector.unregister(connection)
+        waiting = self.waiting.pop(connection)
+        self.requests.put((connection, waiting.address, bytes(waiting.received)))
+
+    def close(self, connection):
+        self.selector.unregister(connection)
+        del self.waiting[connection]
+        connection.close()
+
+    def close_expired(self):
+        now = time.monotonic()
+        while self.waiting:
+            connection, waiting = next(iter(self.waiting.items()))
+            if waiting.deadline > now:
+                return
+            self.close(connection)
+
+    def take_back(self):
+        self.wake_up.recv(4096)  # first: a connection given back after this sends another byte
+        while True:
+            try:
+                connection, address, unread = self.given_back.get_nowait()
+            except queue.Empty:
+                return
+            self.wait_for_request(connection, address, unread)
+
+    def work(self):
+        """A worker thread: answers requests, one at a time."""
+        while True:
+            connection, address, received = self.requests.get()
+            try:
+                handler = self.RequestHandlerClass(connection, address, self, received)
+            except Exception:
+                self.handle_error(connection, address)  # a traceback on stderr
+                handler = None
+            if handler is None or handler.close_connection:
+                self.shutdown_request(connection)
+            else:
+                self.given_back.put((connection, address, handler.rfile.unread))
+                self.wake_up_sender.send(b"\0")
+
+    def server_close(self):
+        super().server_close()
+        for connection in self.waiting:
+            connection.close()
+        self.selector.close()
 
 
 def main(args: Args) -> None:
@@ -1286,10 +1465,10 @@ def main(args: Args) -> None:
         raise SystemExit(f"error: cannot open the database {args.db}: {error}") from None
     rater_of_key = load_rater_keys(args.rater_keys) if args.rater_keys else None
     try:
-        server = Server((args.host, args.port), make_handler(store, args, rater_of_key), args.max_workers)
+        handler = make_handler(store, args, rater_of_key)
+        server = Server((args.host, args.port), handler, args.max_workers, args.timeout, args.max_json_bytes)
     except OSError as error:
         raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {error}") from None
-    server.daemon_threads = True
     host, port = server.server_address[:2]
     counts = store.counts()
     print(f"label server on http://{host}:{port}/ (database {args.db}: {counts['pairs']} pairs, {counts['labels']} labels)")
@@ -1300,7 +1479,7 @@ def main(args: Args) -> None:
         base = (args.public_url or f"http://{host}:{port}").rstrip("/")
         print(f"rater {rater}: {base}/?key={urllib.parse.quote(key)}", file=sys.stderr)
     try:
-        server.serve_forever()
+        server.serve()
     except KeyboardInterrupt:
         pass
     finally:

@@ -7,6 +7,7 @@ import hashlib
 import http.client
 import io
 import json
+import os
 import re
 import socket
 import subprocess
@@ -634,11 +635,59 @@ def test_idle_connections_hold_at_most_max_workers_threads(label_server):
     time.sleep(0.5)
     assert server_threads(server) <= 4 + 1, server_threads(server)  # the workers and the main thread
     started = time.monotonic()
-    # queued in the backlog behind the idle ones, served once they have timed out, 4 at a time (about 3 s)
+    # the idle connections wait in the server's main thread, not in a worker: a new request is answered at once
     assert server.call("GET", "/healthz")[0] == 200
     assert time.monotonic() - started < 8
     for sock in idle:
         sock.close()
+
+
+def cpu_seconds(server):
+    """User + system CPU time the server process has used so far."""
+    with open(f"/proc/{server.process.pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # after "(name)"
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_new_client_is_answered_at_once_while_idle_and_slow_connections_are_held(label_server):
+    # 4 workers and the default --timeout (30 s, longer than this test): every kind of connection below is, on its own,
+    # as many as the workers or more, and a browser or a slow network holds such connections all the time
+    server = label_server("--max-workers", 4)
+    kept = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=10) for _ in range(4)]
+    for connection in kept:  # keep-alive: one request answered, then idle
+        assert healthz_on(connection)[0] == 200
+    held = [half_sent(server.port, b"") for _ in range(8)]  # connected, nothing sent
+    held += [half_sent(server.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n") for _ in range(8)]  # half a head
+    held += [  # a whole head, half of its body
+        half_sent(server.port, b"POST /api/labels HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 60\r\n\r\n{")
+        for _ in range(8)
+    ]
+    time.sleep(0.5)
+    cpu_before = cpu_seconds(server)
+    time.sleep(1)
+    assert cpu_seconds(server) - cpu_before < 0.2  # waiting for them costs no CPU
+
+    started = time.monotonic()
+    with closing(http.client.HTTPConnection("127.0.0.1", server.port, timeout=3)) as connection:
+        try:
+            status = healthz_on(connection)[0]
+        except TimeoutError:
+            status = "no reply"
+    waited = time.monotonic() - started
+    assert status == 200 and waited < 1, f"GET /healthz from a new connection: {status} after {waited:.1f} s"
+
+    assert healthz_on(kept[0])[0] == 200  # a kept-alive connection goes on serving
+    with closing(socket.create_connection(("127.0.0.1", server.port), timeout=10)) as sock:
+        # two requests sent at once on one connection (pipelined): both are answered, in order
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\nGET /nothing HTTP/1.1\r\nConnection: close\r\n\r\n")
+        replies = b""
+        while chunk := sock.recv(65536):
+            replies += chunk
+    assert re.findall(rb"HTTP/1.1 (\d+)", replies) == [b"200", b"404"]
+    for sock in held:
+        sock.close()
+    for connection in kept:
+        connection.close()
 
 
 def test_answers_saved_under_older_spellings_of_a_name_join_the_normalised_rater(label_server, tmp_path):
