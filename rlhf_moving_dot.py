@@ -381,13 +381,13 @@ def as_input(obs):
     return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs
 
 
-def conv_features(obs_shape, activation):
-    """A small CNN for the 42x32 frames, flattened: (module, output size)."""
+def conv_features(obs_shape):
+    """The agent's small CNN for the 42x32 frames, flattened: (module, output size)."""
     conv = nn.Sequential(
         layer_init(nn.Conv2d(obs_shape[0], 16, 3, stride=2)),
-        activation(),
+        nn.ReLU(),
         layer_init(nn.Conv2d(16, 16, 3, stride=2)),
-        activation(),
+        nn.ReLU(),
         nn.Flatten(),
     )
     with torch.no_grad():
@@ -404,7 +404,7 @@ class Agent(nn.Module):
                 layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
             )
         else:
-            conv, size = conv_features(obs_shape, nn.ReLU)
+            conv, size = conv_features(obs_shape)
             self.network = nn.Sequential(conv, layer_init(nn.Linear(size, 64)), nn.ReLU())
         self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(64, 1), std=1.0)
@@ -433,23 +433,41 @@ def truncation_values(agent, infos, truncated, device):
     return values
 
 
-# RLHF: the reward model (C17 2.2.3, A.1 for positions, A.2 for frames)
+# RLHF: the reward model (C17 2.2.3, A.1 for positions; for frames keypoints in place of A.2's CNN: README "The moving dot")
+class Keypoints(nn.Module):
+    """Frames to a few coordinates: a 3x3 convolution (stride 2) makes `channels` feature maps, and each map gives the
+    expected (row, column) of a softmax over its positions, in [-1, 1] (a spatial soft-argmax). The softmax's
+    temperature is learned per map, starting sharp enough (10) that a bright dot stands out of an empty field."""
+
+    def __init__(self, obs_shape, channels=8):
+        super().__init__()
+        self.conv = nn.Conv2d(obs_shape[0], channels, 3, stride=2, padding=1)
+        self.log_temperature = nn.Parameter(torch.full((channels, 1), math.log(10.0)))
+        with torch.no_grad():
+            height, width = self.conv(torch.zeros(1, *obs_shape)).shape[2:]
+        rows, cols = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
+        self.register_buffer("grid", torch.stack([rows.flatten(), cols.flatten()], 1))  # (positions, 2)
+        self.size = 2 * channels
+
+    def forward(self, frames):
+        maps = self.conv(frames).flatten(2)  # (n, channels, positions)
+        weights = torch.softmax(maps * self.log_temperature.exp(), -1)
+        return (weights @ self.grid).flatten(1)  # (n, 2 * channels)
+
+
 class RewardNet(nn.Module):
-    """r(observation, action) with leaky ReLU: for positions an MLP 2 x 64 over (position, one-hot action) (C17 A.1);
-    for frames the small CNN, then the one-hot action joins a 64-unit layer (C17 A.2's shape, smaller)."""
+    """r(observation, action) with leaky ReLU: an MLP 2 x 64 over (features, one-hot action), where the features are
+    the position (C17 A.1) or, for frames, the frame's keypoints (a CNN of C17 A.2's shape overfitted the pretraining
+    labels: README "The moving dot")."""
 
     def __init__(self, obs_shape, num_actions):
         super().__init__()
         self.num_actions = num_actions
-        if len(obs_shape) == 1:
-            self.features, size, hidden = nn.Flatten(), obs_shape[0], [64, 64]
-        else:
-            (self.features, size), hidden = conv_features(obs_shape, lambda: nn.LeakyReLU(0.01)), [64]
-        layers, fan_in = [], size + num_actions
-        for width in hidden:
-            layers += [nn.Linear(fan_in, width), nn.LeakyReLU(0.01)]
-            fan_in = width
-        self.head = nn.Sequential(*layers, nn.Linear(fan_in, 1))
+        self.features = nn.Flatten() if len(obs_shape) == 1 else Keypoints(obs_shape)
+        size = obs_shape[0] if len(obs_shape) == 1 else self.features.size
+        self.head = nn.Sequential(
+            nn.Linear(size + num_actions, 64), nn.LeakyReLU(0.01), nn.Linear(64, 64), nn.LeakyReLU(0.01), nn.Linear(64, 1)
+        )
 
     def forward(self, obs, act):
         """(n, *obs_shape), (n,) action indices -> (n,)"""

@@ -44,7 +44,12 @@ class Args:
     threads: int = 1
     """torch CPU threads (1 lets several runs share a machine)"""
     capture_video: bool = False
-    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    """whether to capture videos of the agent performances (check out `videos` folder; with --eval-only, of the
+    evaluation episodes, in `videos/eval`)"""
+    video_format: Literal["mp4", "gif"] = "mp4"
+    """format of --capture-video's clips; gif loops on a web page (README's gallery), about 15 frames/s in real time"""
+    video_seconds: float = 0.0
+    """with --capture-video: the clips end after this many seconds of simulated time (0: whole episodes)"""
     save_model: bool = False
     """whether to save a checkpoint (agent, observation statistics, reward ensemble) to `runs/{run_name}`"""
     checkpoint_every: int = 50
@@ -274,13 +279,24 @@ def label_schedule(args: Args) -> np.ndarray:
     return per_iteration
 
 
-class RecordEpisodeVideo(gym.Wrapper):
-    """Saves episodes 0, 1, 8, 27, ... (cubes, then every 1000th) as MP4 with imageio; renders only those episodes
-    (MuJoCo's software rendering is slow: about 15 frames/s at 160x160)."""
+def gif_frame_stride(fps):
+    """Keep every k-th frame in a GIF: about 15 frames/s, for a k whose frame time is whole hundredths of a second
+    (GIF's unit: Hopper's 125 frames/s keeps every 10th, 80 ms, where every 8th, 64 ms, would play 7% fast)."""
+    about = max(1, round(fps / 15))
+    whole = [k for k in range(about, 2 * about + 1) if (100 * k) % fps == 0]
+    return whole[0] if whole else about
 
-    def __init__(self, env, folder):
+
+class RecordEpisodeVideo(gym.Wrapper):
+    """Saves episodes 0, 1, 8, 27, ... (cubes, then every 1000th) as MP4 or GIF with imageio; renders only those
+    episodes (MuJoCo's software rendering is slow: about 15 frames/s at 160x160)."""
+
+    def __init__(self, env, folder, video_format="mp4", seconds=0.0):
         super().__init__(env)
-        self.folder, self.episode, self.frames = folder, -1, None
+        if seconds < 0:
+            raise SystemExit(f"error: --video-seconds must be 0 (whole episodes) or positive (got {seconds})")
+        self.folder, self.video_format, self.episode, self.frames = folder, video_format, -1, None
+        self.max_frames = round(seconds * env.metadata.get("render_fps", 30)) + 1 if seconds > 0 else None
         os.makedirs(folder, exist_ok=True)
 
     def reset(self, **kwargs):
@@ -293,14 +309,19 @@ class RecordEpisodeVideo(gym.Wrapper):
 
     def step(self, action):
         result = self.env.step(action)
-        if self.frames is not None:
+        if self.frames is not None and len(self.frames) != self.max_frames:
             self.frames.append(self.env.render())
         return result
 
     def _flush(self):
         if self.frames:
             fps = self.env.metadata.get("render_fps", 30)
-            imageio.mimsave(f"{self.folder}/episode-{self.episode}.mp4", self.frames, fps=fps, macro_block_size=1)
+            path = f"{self.folder}/episode-{self.episode}.{self.video_format}"
+            if self.video_format == "gif":  # every k-th frame, about 15 per second, in real time: small files
+                stride = gif_frame_stride(fps)
+                imageio.mimsave(path, self.frames[::stride], duration=1000 * stride / fps, loop=0)
+            else:
+                imageio.mimsave(path, self.frames, fps=fps, macro_block_size=1)
         self.frames = None
 
     def close(self):
@@ -308,11 +329,21 @@ class RecordEpisodeVideo(gym.Wrapper):
         super().close()
 
 
-def make_env(env_id, idx, capture_video, run_dir, env_kwargs):
+def make_render_env(env_id, size, env_kwargs):
+    """The task rendering size x size frames through its camera that follows the robot ("track": Hopper, Walker2d,
+    HalfCheetah, Ant, Swimmer, Humanoid), else through MuJoCo's free camera (gymnasium's default, which stays put)."""
+    env = gym.make(env_id, render_mode="rgb_array", width=size, height=size, **env_kwargs)
+    if mujoco.mj_name2id(env.unwrapped.model, mujoco.mjtObj.mjOBJ_CAMERA, "track") == -1:
+        return env
+    env.close()
+    return gym.make(env_id, render_mode="rgb_array", width=size, height=size, camera_name="track", **env_kwargs)
+
+
+def make_env(env_id, idx, capture_video, run_dir, env_kwargs, video_format="mp4", video_seconds=0.0):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", width=160, height=160, **env_kwargs)
-            env = RecordEpisodeVideo(env, f"{run_dir}/videos")
+            env = make_render_env(env_id, 160, env_kwargs)
+            env = RecordEpisodeVideo(env, f"{run_dir}/videos", video_format, video_seconds)
         else:
             env = gym.make(env_id, **env_kwargs)
         env = gym.wrappers.RecordEpisodeStatistics(env)  # innermost: charts/episodic_return is the standard true return
@@ -1114,8 +1145,7 @@ class HumanTeacher:
 
     def _work(self):
         try:
-            size = {"width": self.clip_size, "height": self.clip_size}
-            render_env = gym.make(self.env_id, render_mode="rgb_array", **size, **self.env_kwargs)
+            render_env = make_render_env(self.env_id, self.clip_size, self.env_kwargs)
             render_env.reset(seed=0)
             last_poll = 0.0
             while not self.stop.is_set():
@@ -1165,7 +1195,7 @@ class HumanTeacher:
         return self
 
     def close(self, run_finished=False):
-        """Stop the thread and save the pairs nobody has answered yet.; once the run has finished, close its pairs on the server
+        """Stop the thread and save the pairs nobody has answered yet; once the run has finished, close its pairs on the server
         (raters get other runs' pairs)."""
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
@@ -1324,41 +1354,51 @@ def save_labels(buffer, teacher, labels_path):
     teacher.save()  # in step with the buffer: the answers it holds are not fetched again
 
 
-def evaluate(checkpoint_path, env_id, episodes, seed=0, env_kwargs=None):
-    """True returns (the environment's reward, with --env-kwargs) of the saved agent acting with its mean action."""
+def evaluate(checkpoint_path, args, video_dir=None):
+    """The saved agent acting with its mean action for --eval-episodes episodes: its true returns (the environment's
+    reward, with --env-kwargs) and, for a --behaviour run, the behaviour's score summed over each episode; with
+    video_dir, episodes 0, 1, 8, ... are saved as clips in `video_dir/videos` (--capture-video)."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, **(env_kwargs or {})))
+    env_kwargs = json.loads(args.env_kwargs)
+    env = make_env(args.env, 0, video_dir is not None, video_dir, env_kwargs, args.video_format, args.video_seconds)()
     obs_rms = RunningMeanStd()
     obs_rms.load_state_dict(checkpoint["obs_rms"])
     agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
     agent.load_state_dict(checkpoint["agent"])
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done = False
+    returns, behaviour_scores = [], []
+    for episode in range(args.eval_episodes):
+        obs, _ = env.reset(seed=args.seed + episode)
+        done, observations, actions = False, [], []
         while not done:
             with torch.no_grad():
                 action = agent.actor_mean(torch.as_tensor(normalize_obs(obs_rms, obs[None]))).numpy()[0]
+            observations.append(obs)
+            actions.append(action)
             obs, _, terminated, truncated, info = env.step(np.clip(action, env.action_space.low, env.action_space.high))
             done = terminated or truncated
         returns.append(float(info["episode"]["r"]))
+        if args.behaviour is not None:  # the whole episode as one segment
+            episode_segment = {"obs": np.array([observations]), "act": np.array([actions]), "mask": np.ones((1, len(actions)))}
+            behaviour_scores.append(float(BEHAVIOURS[args.behaviour][2](episode_segment).sum()))
     env.close()
-    return returns
+    return returns, behaviour_scores
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
     if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
-        command_line = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
+        watch = ("capture_video", "video_format", "video_seconds")
+        command_line = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes") + watch}
         args = Args(**{**checkpoint["args"], **command_line})
     if args.eval_only:
         if checkpoint is None:
             raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
-        returns = evaluate(
-            f"{args.resume}/checkpoint.pt", args.env, args.eval_episodes, args.seed, json.loads(args.env_kwargs)
-        )
+        video_dir = f"{args.resume}/eval" if args.capture_video else None  # Infrastructure: clips in runs/NAME/eval/videos
+        returns, behaviour_scores = evaluate(f"{args.resume}/checkpoint.pt", args, video_dir)
         print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
+        if behaviour_scores:
+            print(f"eval: {args.behaviour} score {np.mean(behaviour_scores):.1f} +- {np.std(behaviour_scores):.1f}")
         sys.exit(0)
     run_dir = (
         os.path.normpath(args.resume) if args.resume else f"runs/{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -1385,7 +1425,10 @@ if __name__ == "__main__":
 
     # env setup
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env, i, args.capture_video, run_dir, env_kwargs) for i in range(args.num_envs)],
+        [
+            make_env(args.env, i, args.capture_video, run_dir, env_kwargs, args.video_format, args.video_seconds)
+            for i in range(args.num_envs)
+        ],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
@@ -1641,6 +1684,11 @@ if __name__ == "__main__":
             line += log_reward_model(
                 writer, global_step, reward_training, buffer, teacher, rewards_np, true_rewards, args.labels
             )
+        if args.behaviour is not None:  # RLHF: how much of the behaviour the rollout shows, per 1000 steps of acting
+            rollout_segments = {"obs": raw_obs, "act": rollout_actions, "mask": np.ones(true_rewards.shape)}
+            behaviour_score = 1000 * BEHAVIOURS[args.behaviour][2](rollout_segments).mean()
+            writer.add_scalar("charts/behaviour_score", behaviour_score, global_step)
+            line += f", {args.behaviour} score {behaviour_score:.1f}/1000 steps"
         print(line)
         recent_returns, recent_predicted = recent_returns[-10:], recent_predicted[-10:]
 

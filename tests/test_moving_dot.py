@@ -125,6 +125,23 @@ def test_pixel_observation_shows_the_dot_where_it_is_and_every_one_pixel_move():
     np.testing.assert_array_equal(dot.observe(np.array([100, 50]), "pixels"), seen[0])
 
 
+def test_keypoints_of_a_frame_follow_the_dot():
+    """The reward model's pixel features: with a convolution that sums a frame's brightness around each place, each
+    feature map's soft-argmax is the dot's place on the field, scaled to [-1, 1]; moving the dot down moves the row
+    only."""
+    keypoints = dot.Keypoints((1, 42, 32), channels=1)
+    with torch.no_grad():
+        keypoints.conv.weight.fill_(10.0)  # 3x3 sums (stride 2 sees every block), bright enough to stand out
+        keypoints.conv.bias.zero_()
+    found = []
+    for position in [(100, 50), (180, 50), (20, 140)]:
+        frame = torch.as_tensor(dot.observe(np.array(position), "pixels"))[None]
+        found.append(keypoints(dot.as_input(frame))[0].detach().numpy())
+        expected = np.array(position) / (205, 155) * 2 - 1  # rows 0-209, columns 0-159: about [-1, 1]
+        np.testing.assert_allclose(found[-1], expected, atol=0.15)
+    assert found[1][0] > found[0][0] + 0.6 and found[1][1] == pytest.approx(found[0][1], abs=0.05)
+
+
 def test_rendered_frame_shows_the_dot_and_the_centre():
     frame = dot_env((30, 140)).render()
     assert frame.shape == (210, 160, 3)

@@ -7,8 +7,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
+import torch
 import tyro
-from helpers import only_run_dir, run_script
+from helpers import only_run_dir, run_script, scalars
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the v4 tasks (gymnasium prefers v5)
 
@@ -132,10 +133,11 @@ def test_scripted_settings_that_cannot_work_are_refused_with_a_message(args, mes
 def test_a_tiny_scripted_run_is_labelled_by_its_behaviour(tmp_path):
     tiny = "--env HalfCheetah-v4 --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40"
     tiny += " --segment-len 20 --pretrain-epochs 5 --reward-eval-every 2 --feedback scripted --behaviour backwards"
-    result = run_script(tmp_path, tiny)
+    result = run_script(tmp_path, tiny + " --save-model")
     assert result.returncode == 0, result.stderr
     assert "labels 40/40" in result.stdout
-    labels = np.load(only_run_dir(tmp_path) / "labels.npz")
+    run_dir = only_run_dir(tmp_path)
+    labels = np.load(run_dir / "labels.npz")
     backwards = -(labels["obs"][..., 8] * labels["mask"]).sum(-1)  # (labels, 2): each segment's backward progress
     strict = labels["mu"] != 0.5
     assert strict.sum() == 40
@@ -143,3 +145,29 @@ def test_a_tiny_scripted_run_is_labelled_by_its_behaviour(tmp_path):
     # and not by the environment's reward, which pays for running forwards
     true_returns = labels["true_reward"].sum(-1)
     assert np.mean((true_returns[:, 0] > true_returns[:, 1]) == (labels["mu"] == 1)) < 0.5
+
+    # the progress lines and TensorBoard show how much of the behaviour each rollout has, per 1000 steps
+    printed = [float(x) for x in re.findall(r"backwards score (\S+)/1000 steps", result.stdout)]
+    logged = scalars(run_dir)["charts/behaviour_score"]
+    assert len(printed) == len(logged) == 4  # one per RL iteration: (3072 - 1024) / (8 x 64)
+    assert printed == pytest.approx([value for _, value in logged], abs=0.06)
+
+    # --eval-only scores the agent by its behaviour too: here the x velocities, negated and summed over the episode
+    evaluation = run_script(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1")
+    assert evaluation.returncode == 0, evaluation.stderr
+    reported = float(re.search(r"eval: backwards score (\S+) ", evaluation.stdout).group(1))
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    agent, obs_rms = rl.Agent(17, 6), rl.RunningMeanStd()
+    agent.load_state_dict(checkpoint["agent"])
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    env = gym.make("HalfCheetah-v4")
+    obs, _ = env.reset(seed=1)  # the run's --seed, the first evaluation episode
+    x_velocities, done = [], False
+    while not done:
+        x_velocities.append(env.unwrapped.data.qvel[0])
+        with torch.no_grad():
+            action = agent.actor_mean(torch.as_tensor(rl.normalize_obs(obs_rms, obs[None]))).numpy()[0]
+        obs, _, terminated, truncated, _ = env.step(np.clip(action, -1, 1))
+        done = terminated or truncated
+    assert len(x_velocities) == 1000
+    assert reported == pytest.approx(-np.sum(x_velocities), abs=0.1)

@@ -51,6 +51,19 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     assert evaluation.returncode == 0, evaluation.stderr
     assert "eval: 2 episodes of Hopper-v4: true return" in evaluation.stdout
 
+    # the same evaluation filmed as looping GIFs for a web page (README's gallery): the same episodes, cut at 0.16 s
+    filming = " --capture-video --video-format gif --video-seconds 0.16"
+    filmed = run_script(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 2" + filming)
+    assert filmed.returncode == 0, filmed.stderr
+    assert filmed.stdout.splitlines()[-1] == evaluation.stdout.splitlines()[-1]
+    clips = sorted((run_dir / "eval" / "videos").iterdir())
+    assert [clip.name for clip in clips] == ["episode-0.gif", "episode-1.gif"]
+    frames = imageio.mimread(clips[0])
+    assert len(frames) == 3  # 0.16 s at Hopper's 125 frames/s is 21 frames, every 10th kept: 12.5 frames/s
+    assert np.abs(np.asarray(frames[-1], float) - frames[0]).mean() > 0.5  # the hopper moved between first and last
+    metadata = imageio.v3.immeta(clips[0])
+    assert metadata["loop"] == 0 and metadata["duration"] == 80  # ms: 10 frames of 8 ms, real time
+
 
 @pytest.mark.slow
 def test_true_reward_mode_queries_no_labels(tmp_path):

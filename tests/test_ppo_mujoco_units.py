@@ -673,3 +673,30 @@ def test_running_mean_std_matches_numpy_over_the_concatenated_batches(rng, shape
     np.testing.assert_allclose(rms.mean, everything.mean(0), rtol=1e-4)
     np.testing.assert_allclose(rms.var, everything.var(0), rtol=1e-3)
     assert rms.count == pytest.approx(len(everything), abs=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4"])
+def test_videos_follow_the_robot_when_it_has_gone_far(tmp_path, env_id):
+    env = rl.make_env(env_id, 0, True, tmp_path, {})()
+    env.reset(seed=0)
+    sim = env.unwrapped
+
+    def robot_share(frame):  # the robots are tan (0.8, 0.6, 0.4), the floor a grey-green checkerboard
+        return np.mean(frame[..., 0].astype(int) - frame[..., 2] > 60)
+
+    at_start = robot_share(env.render())
+    qpos = sim.data.qpos.copy()
+    qpos[0] += 30.0  # 30 m down the track, as far as a fast run goes in a few seconds
+    sim.set_state(qpos, sim.data.qvel)
+    assert robot_share(env.render()) > 0.5 * at_start > 0
+    env.close()
+
+
+@pytest.mark.parametrize("fps", [20, 25, 30, 50, 67, 125])  # the render rates of the MuJoCo tasks, and one odd one
+def test_gif_frames_play_in_real_time_at_about_15_per_second(fps):
+    stride = rl.gif_frame_stride(fps)
+    frame_ms = 1000 * stride / fps
+    if fps != 67:  # GIF stores whole hundredths of a second: these rates have a stride that fits
+        assert frame_ms % 10 == 0
+    assert 7 <= fps / stride <= 20
