@@ -107,7 +107,7 @@ class Args:
     people through label_server.py, or the environment's reward (baseline)"""
     behaviour: Optional[str] = None
     """with --feedback scripted: the behaviour the teacher prefers, one of BEHAVIOURS (backflip: Hopper, backwards:
-    HalfCheetah, knee-raise: Walker2d)"""
+    HalfCheetah, one-leg: Walker2d)"""
     labels: int = 1400
     """total number of preference labels to query over the run (C17: 700 or 1400)"""
     segment_len: int = 50
@@ -647,18 +647,21 @@ def backwards_steps(segments):
     return -segments["obs"][..., 8] * segments["mask"]
 
 
-def knee_raise_steps(segments):
-    """Walker2d: standing upright (torso above 0.8 m, tilted less than 0.5 rad) with the left knee raised (the left
-    thigh's angle, positive when the knee is in front of the hip, counted up to 1.2 rad); 0 when not upright."""
-    height, angle, left_thigh = segments["obs"][..., 0], segments["obs"][..., 1], segments["obs"][..., 5]
+def one_leg_steps(segments):
+    """Walker2d: standing upright (torso above 0.8 m, tilted less than 0.5 rad) on the right leg with the left foot
+    lifted: the left knee bent more than the right (knee angles are 0 straight, negative bent; counted up to 1.5 rad),
+    so a crouch on both legs earns nothing; 0 when not upright. (The thighs cannot swing forward: their range is
+    -150..0 degrees, so the foot is lifted behind.)"""
+    height, angle = segments["obs"][..., 0], segments["obs"][..., 1]
+    right_knee, left_knee = segments["obs"][..., 3], segments["obs"][..., 6]
     upright = (height > 0.8) & (np.abs(angle) < 0.5)
-    return upright * np.clip(left_thigh, -0.5, 1.2) * segments["mask"]
+    return upright * np.clip(right_knee - left_knee, 0.0, 1.5) * segments["mask"]
 
 
 BEHAVIOURS = {  # --behaviour: (the environment it is for, the size of the observation it reads, its step scores)
     "backflip": ("Hopper", 11, backflip_steps),
     "backwards": ("HalfCheetah", 17, backwards_steps),
-    "knee-raise": ("Walker2d", 17, knee_raise_steps),
+    "one-leg": ("Walker2d", 17, one_leg_steps),
 }
 
 

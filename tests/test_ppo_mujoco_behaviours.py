@@ -66,21 +66,23 @@ def test_backwards_prefers_the_cheetah_moving_to_negative_x():
     assert score("backwards", back) > score("backwards", slow_back) > 0 > score("backwards", forward)
 
 
-def test_knee_raise_prefers_an_upright_walker_with_its_left_knee_up():
-    def posture(height, left_thigh):
+def test_one_leg_prefers_an_upright_walker_on_its_right_leg_with_the_left_foot_lifted():
+    def posture(height=1.25, right_knee=0.0, left_knee=0.0):
         def set_joints(qpos, qvel, t):
-            qpos[1], qpos[6] = height, left_thigh  # rootz, thigh_left_joint
+            qpos[1], qpos[4], qpos[7] = height, right_knee, left_knee  # rootz, leg_joint, leg_left_joint
 
         return set_joints
 
-    raised, data, env = simulated("Walker2d-v4", posture(1.25, 0.8))
-    assert data.body("leg_left").xpos[0] > data.body("thigh_left").xpos[0] + 0.3  # the left knee is in front of the hip
+    lifted, _, _ = simulated("Walker2d-v4", posture(left_knee=-1.5))
+    half, _, _ = simulated("Walker2d-v4", posture(left_knee=-0.7))
+    straight, _, _ = simulated("Walker2d-v4", posture())
+    crouch, _, _ = simulated("Walker2d-v4", posture(right_knee=-1.0, left_knee=-1.0))
+    right_lifted, data, env = simulated("Walker2d-v4", posture(right_knee=-1.5))
+    assert data.body("foot").xpos[2] > data.body("foot_left").xpos[2] + 0.3  # this one stands on its left leg
     env.close()
-    level, _, _ = simulated("Walker2d-v4", posture(1.25, 0.0))
-    fallen, _, _ = simulated("Walker2d-v4", posture(0.5, 0.8))
-    right_up, _, _ = simulated("Walker2d-v4", lambda q, v, t: (q.__setitem__(1, 1.25), q.__setitem__(3, 0.8)))
-    assert score("knee-raise", raised) > score("knee-raise", level) == score("knee-raise", right_up) == 0
-    assert score("knee-raise", fallen) == 0
+    fallen, _, _ = simulated("Walker2d-v4", posture(height=0.5, left_knee=-1.5))
+    assert score("one-leg", lifted) > score("one-leg", half) > score("one-leg", straight) == 0
+    assert score("one-leg", crouch) == score("one-leg", right_lifted) == score("one-leg", fallen) == 0
 
 
 def test_steps_after_a_termination_score_nothing():
@@ -111,7 +113,7 @@ def test_the_scripted_teacher_prefers_the_segment_its_behaviour_scores_higher():
     [
         ("--feedback scripted", "--feedback scripted needs --behaviour"),
         ("--behaviour backflip", "--behaviour needs --feedback scripted"),
-        ("--feedback scripted --behaviour moonwalk", "unknown --behaviour 'moonwalk'; known: backflip, backwards, knee-raise"),
+        ("--feedback scripted --behaviour moonwalk", "unknown --behaviour 'moonwalk'; known: backflip, backwards, one-leg"),
         (
             "--feedback scripted --behaviour backwards",
             "--behaviour backwards is for HalfCheetah (e.g. HalfCheetah-v4), not Hopper-v4",
@@ -171,3 +173,30 @@ def test_a_tiny_scripted_run_is_labelled_by_its_behaviour(tmp_path):
         done = terminated or truncated
     assert len(x_velocities) == 1000
     assert reported == pytest.approx(-np.sum(x_velocities), abs=0.1)
+
+
+def within_joint_ranges(env_id, qpos):
+    """Is every limited hinge of the pose inside its range (the simulator's set_state does not enforce them)?"""
+    env = gym.make(env_id)
+    model = env.unwrapped.model
+    inside = all(
+        model.jnt_range[j, 0] - 1e-6 <= qpos[model.jnt_qposadr[j]] <= model.jnt_range[j, 1] + 1e-6
+        for j in range(model.njnt)
+        if model.jnt_limited[j]
+    )
+    env.close()
+    return inside
+
+
+def test_the_walker_behaviour_rewards_a_pose_its_joints_can_reach():
+    # standing on the right leg with the left foot lifted as far as the joints allow: the left knee bent
+    # (leg_left_joint, range -150..0 degrees) with the thigh straight down; the thighs cannot swing forward (-150..0)
+    def one_leg(qpos, qvel, t):
+        qpos[7] = -1.5  # leg_left_joint
+
+    lifted, data, env = simulated("Walker2d-v4", one_leg)
+    assert within_joint_ranges("Walker2d-v4", env.unwrapped.data.qpos)
+    assert data.body("foot_left").xpos[2] > data.body("foot").xpos[2] + 0.3  # the left foot is well off the ground
+    env.close()
+    straight, _, _ = simulated("Walker2d-v4", lambda q, v, t: None)
+    assert score("one-leg", lifted) > score("one-leg", straight) + 5

@@ -1,0 +1,372 @@
+"""A grid of training runs (script x envs x feedback x seeds), run on this machine or as a Slurm job array, then a
+figure in the layout of C17's Figure 1 and a table of final returns.
+
+A grid is a JSON file (benchmark/grids/*.json):
+
+    {"script": "rlhf_ppo_mujoco.py",            # one of the repository's scripts
+     "feedback": ["true", 350, 700, 1400],      # "true": --feedback true-reward; N: N synthetic labels (--labels N)
+     "seeds": [1, 2, 3],
+     "steps": 1000000,                          # --total-timesteps
+     "flags": "",                               # more flags for every run
+     "env_flag": "--env",                       # how the script takes the env (the moving dot: "--observation")
+     "envs": {"Hopper-v4": {"seeds": [1, 2, 3, 4, 5]},            # each may override seeds, steps, flags
+              "Reacher-v4": {"steps": 300000, "flags": "--segment-len 25"}}}
+
+Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
+--save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
+appended to run.log there, and done.json is written when it has run to the end. A run that was stopped (Ctrl-C,
+SIGTERM, a Slurm time limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint
+with the script's --resume; one that left no checkpoint starts again. So the same command can be repeated until the
+grid is complete; finished runs are skipped.
+
+    python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
+    python benchmark/sweep.py slurm GRID [--cpus-per-task 1 --mem 4G --time 12:00:00 --partition P]
+    python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
+    python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
+
+`slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run); each task runs
+`sweep.py task GRID --index I`. Shortly before the time limit (--signal-seconds, 120) Slurm signals the task, which
+stops its run (it saves a checkpoint) and requeues itself (`scontrol requeue`), so a run longer than the limit goes
+on where it stopped; submitting the same command again also resumes what is left. Run `report` once the array is done.
+`--out` (default benchmark/sweeps/{grid name}) sets where the runs go.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plot import fmt, plt, progress  # noqa: E402 (plot.py sets matplotlib's file-only backend)
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+C17_CLAIM = {1400: 1.0, 700: 0.95, 350: 0.9}  # C17 3.1: labels -> the share of the true-reward return it nearly matches
+
+
+# --- the grid ---------------------------------------------------------------------------------------------------------
+def load_grid(path):
+    """The grid file as a dict, with its list of runs under "runs"; a clear error for a malformed one."""
+    try:
+        grid = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"error: cannot read the grid {path}: {error}") from None
+    for key in ("script", "envs", "feedback"):
+        if key not in grid:
+            raise SystemExit(f"error: the grid {path} has no '{key}' (see benchmark/sweep.py's docstring)")
+    if not (ROOT / grid["script"]).is_file():
+        raise SystemExit(f"error: the grid {path} names a script that is not in {ROOT}: {grid['script']}")
+    for feedback in grid["feedback"]:
+        if feedback != "true" and not (isinstance(feedback, int) and feedback > 0):
+            raise SystemExit(f'error: feedback must be "true" or a positive number of labels, not {feedback!r}')
+    grid["runs"] = []
+    for env, overrides in grid["envs"].items():
+        setting = {**grid, **(overrides or {})}
+        for feedback in grid["feedback"]:
+            mode = "true" if feedback == "true" else f"labels{feedback}"
+            feedback_flags = ["--feedback", "true-reward"] if feedback == "true" else ["--labels", str(feedback)]
+            for seed in setting.get("seeds", [1, 2, 3]):
+                args = [grid.get("env_flag", "--env"), env, "--seed", str(seed)]
+                if "steps" in setting:
+                    args += ["--total-timesteps", str(setting["steps"])]
+                args += ["--threads", "1", "--save-model", "--exp-name", "sweep", *feedback_flags]
+                args += shlex.split(grid.get("flags", "")) + shlex.split((overrides or {}).get("flags", ""))
+                run = {"name": f"{env}__{mode}__{seed}", "env": env, "mode": mode, "seed": seed, "args": args}
+                grid["runs"].append(run)
+    return grid
+
+
+def sweep_folder(grid_path, out):
+    return Path(out) if out else ROOT / "benchmark" / "sweeps" / Path(grid_path).stem
+
+
+def run_state(folder):
+    """The run's state: "done", "stopped" (a checkpoint to resume from) or "new"."""
+    if (folder / "done.json").exists():
+        return "done"
+    return "stopped" if saved_run(folder) else "new"
+
+
+def saved_run(folder):
+    """The script's run folder (runs/NAME) under this run's folder, if it holds a checkpoint."""
+    found = sorted((folder / "runs").glob("*/checkpoint.pt"))
+    return found[-1].parent if found else None
+
+
+# --- one run ----------------------------------------------------------------------------------------------------------
+def execute(grid, run, sweep_dir, on_signal_requeue=False):
+    """Run (or resume) one run to its end, or until this process is signalled; returns its state afterwards."""
+    folder = sweep_dir / run["name"]
+    if run_state(folder) == "done":
+        return "done"
+    folder.mkdir(parents=True, exist_ok=True)
+    previous = saved_run(folder)
+    script = str(ROOT / grid["script"])
+    if previous:
+        command = [sys.executable, script, "--resume", str(previous.relative_to(folder))]
+    else:
+        command = [sys.executable, script, *run["args"]]
+        for stale in (folder / "runs").glob("*"):  # a start that died before its first checkpoint: start again
+            stale.rename(folder / "runs" / f"{stale.name}.failed-{int(time.time())}")
+    log_path = folder / "run.log"
+    with open(log_path, "a") as log:
+        log.write(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, {'resumed' if previous else 'started'}: ")
+        log.write(f"{shlex.join(command)}\n")
+        log.flush()
+        attempt_starts = log.tell()
+        signalled, children = [], []
+
+        def stop_child(signum, frame):  # the scripts stop at the end of the iteration and save
+            signalled.append(signum)
+            for child in children:
+                child.send_signal(signal.SIGTERM)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, stop_child)
+        started = time.monotonic()
+        children.append(subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT))
+        if signalled:  # signalled while it started
+            children[0].send_signal(signal.SIGTERM)
+    returncode = children[0].wait()
+    wall_s = time.monotonic() - started
+    with open(log_path, "a") as log:
+        log.write(f"# exit {returncode}, wall_s {wall_s:.1f}\n")
+    with open(log_path) as log:
+        log.seek(attempt_starts)
+        interrupted = "interrupted at step" in log.read()
+    if returncode == 0 and not interrupted and not signalled:
+        walls = [float(w) for w in re.findall(r"^# exit 0, wall_s ([\d.]+)$", log_path.read_text(), re.MULTILINE)]
+        (folder / "done.json").write_text(json.dumps({"wall_s": sum(walls), "attempts": len(walls)}) + "\n")
+        return "done"
+    if on_signal_requeue and signal.SIGUSR1 in signalled and "SLURM_ARRAY_JOB_ID" in os.environ:
+        task = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        subprocess.run(["scontrol", "requeue", task], check=False)  # runs again, and resumes, when scheduled
+    return "failed" if returncode != 0 and not signalled else "stopped"
+
+
+# --- commands ---------------------------------------------------------------------------------------------------------
+def run_local(grid, sweep_dir, workers):
+    """Every run not done, `workers` at a time, each as a `task` process (Ctrl-C stops them all; they save)."""
+    todo = [i for i, run in enumerate(grid["runs"]) if run_state(sweep_dir / run["name"]) != "done"]
+    print(f"{len(grid['runs']) - len(todo)} of {len(grid['runs'])} runs done; running {len(todo)}, {workers} at a time")
+    running = {}
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum) or signal.raise_signal(signal.SIGINT))
+    try:
+        while todo or running:
+            while todo and len(running) < workers and not stopping:
+                index = todo.pop(0)
+                command = [sys.executable, __file__, "task", grid["path"], "--index", str(index), "--out", str(sweep_dir)]
+                running[subprocess.Popen(command, start_new_session=True)] = grid["runs"][index]["name"]
+            for task in [task for task in running if task.poll() is not None]:
+                name = running.pop(task)
+                print(f"{name}: {run_state(sweep_dir / name)} (exit {task.returncode})")
+            time.sleep(0.5)
+            if stopping and not running:
+                break
+    except KeyboardInterrupt:
+        stopping.append(signal.SIGINT)
+        print("stopping: each run saves at the end of its iteration; run the same command to resume")
+        for task in running:
+            task.send_signal(signal.SIGTERM)
+        for task, name in running.items():
+            task.wait()
+            print(f"{name}: {run_state(sweep_dir / name)}")
+    return not stopping
+
+
+def index_ranges(indices):
+    """Sorted array indices in sbatch's form: [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    ranges = []
+    for index in indices:
+        if ranges and index == ranges[-1][1] + 1:
+            ranges[-1][1] = index
+        else:
+            ranges.append([index, index])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
+
+
+def submit_slurm(grid, sweep_dir, options):
+    """One array task per run not done; returns the job id (None with --dry-run)."""
+    todo = [i for i, run in enumerate(grid["runs"]) if run_state(sweep_dir / run["name"]) != "done"]
+    if not todo:
+        print("every run is done: nothing to submit")
+        return None
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    task = [sys.executable, str(Path(__file__).resolve()), "task", str(Path(grid["path"]).resolve())]
+    task += ["--out", str(sweep_dir.resolve()), "--requeue-on-signal"]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{sweep_dir.name}", f"#SBATCH --array={index_ranges(todo)}"]
+    lines += [f"#SBATCH --cpus-per-task={options.cpus_per_task}", f"#SBATCH --mem={options.mem}"]
+    lines += [f"#SBATCH --time={options.time}", f"#SBATCH --output={sweep_dir.resolve()}/slurm-%A_%a.out"]
+    lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{options.signal_seconds}"]
+    if options.partition:
+        lines.append(f"#SBATCH --partition={options.partition}")
+    lines += [f"#SBATCH {extra}" for extra in options.sbatch_arg]
+    # exec: the task is the batch shell's process, so Slurm's signal (B:USR1) reaches it
+    lines += [f"cd {shlex.quote(str(ROOT))}", f'exec {shlex.join(task)} --index "$SLURM_ARRAY_TASK_ID"']
+    batch = sweep_dir / "slurm_array.sh"
+    batch.write_text("\n".join(lines) + "\n")
+    if options.dry_run:
+        print(f"{batch} written ({len(todo)} tasks); submit with: sbatch {batch}")
+        return None
+    try:
+        submitted = subprocess.run(["sbatch", "--parsable", str(batch)], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SystemExit("error: sbatch not found: is this a Slurm login node? (--dry-run writes the script only)")
+    if submitted.returncode != 0:
+        raise SystemExit(f"error: sbatch refused {batch}: {submitted.stderr.strip()}")
+    job = submitted.stdout.strip().split(";")[0]
+    print(
+        f"submitted job array {job}: {len(todo)} runs ({batch}); when it is done: python benchmark/sweep.py report "
+        f"{grid['path']}"
+    )
+    return job
+
+
+def status(grid, sweep_dir):
+    states = {}
+    for run in grid["runs"]:
+        state = run_state(sweep_dir / run["name"])
+        states.setdefault(state, []).append(run["name"])
+    for state in ("done", "stopped", "new"):
+        print(f"{state}: {len(states.get(state, []))}" + "".join(f"\n  {name}" for name in states.get(state, [])[:50]))
+    return states
+
+
+# --- the report -------------------------------------------------------------------------------------------------------
+def curves(grid, sweep_dir):
+    """{env: {mode: [(steps, returns) per seed that logged progress]}}, from the runs' logs."""
+    found = {}
+    for run in grid["runs"]:
+        log = sweep_dir / run["name"] / "run.log"
+        if log.exists():
+            steps, returns, _ = progress(log)
+            if len(steps):
+                found.setdefault(run["env"], {}).setdefault(run["mode"], []).append((steps, returns))
+    return found
+
+
+def on_common_steps(runs):
+    """Seeds' curves cut to the steps every one of them reached: (steps, returns (seeds, steps))."""
+    shared = set(runs[0][0])
+    for steps, _ in runs[1:]:
+        shared &= set(steps)
+    steps = np.array(sorted(shared), dtype=int)
+    return steps, np.array([[dict(zip(s.tolist(), r))[step] for step in steps] for s, r in runs])
+
+
+def mode_order(mode):
+    return -1 if mode == "true" else int(mode[len("labels") :])
+
+
+def write_report(grid, sweep_dir):
+    """figure.png (a panel per env: mean true return over seeds, shaded +- one standard deviation, per mode) and
+    table.md (final return per env and mode, its ratio to the true-reward runs, C17's claim)."""
+    found = curves(grid, sweep_dir)
+    if not found:
+        print("no run has logged progress yet")
+        return None
+    steps_of = {
+        run["env"]: run["args"][run["args"].index("--total-timesteps") + 1]
+        for run in grid["runs"]
+        if "--total-timesteps" in run["args"]
+    }
+    envs = [env for env in grid["envs"] if env in found]
+    columns = min(4, len(envs))
+    rows_n = -(-len(envs) // columns)
+    figure, axes = plt.subplots(rows_n, columns, figsize=(4 * columns, 3.2 * rows_n), squeeze=False)
+    table = [
+        "| env | steps | feedback | seeds (done) | final true return, mean ± std | ratio to true reward | C17's claim |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for axis, env in zip(axes.flat, envs):
+        true_final = None
+        for mode in sorted(found[env], key=mode_order):
+            steps, returns = on_common_steps(found[env][mode])
+            mean, std = returns.mean(0), returns.std(0)
+            label = "true reward" if mode == "true" else f"{mode[len('labels') :]} labels"
+            axis.plot(steps, mean, label=label, color="black" if mode == "true" else None)
+            axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color="black" if mode == "true" else None)
+            final = returns[:, -1]
+            done = sum(
+                run_state(sweep_dir / run["name"]) == "done"
+                for run in grid["runs"]
+                if run["env"] == env and run["mode"] == mode
+            )
+            if mode == "true":
+                true_final = final.mean()
+            ratio = final.mean() / true_final if true_final not in (None, 0) and mode != "true" else None
+            claim = C17_CLAIM.get(mode_order(mode))
+            verdict = "" if claim is None or ratio is None else f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}"
+            table.append(
+                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(final)} ({done}) | "
+                f"{fmt(final.mean())} ± {fmt(final.std())} | {'' if ratio is None else f'{ratio:.2f}'} | "
+                f"{verdict} |"
+            )
+        axis.set_title(env)
+        axis.set_xlabel("steps")
+        axis.set_ylabel("true return")
+        axis.legend(fontsize=7)
+    for axis in list(axes.flat)[len(envs) :]:
+        axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(sweep_dir / "figure.png", dpi=100)
+    plt.close(figure)
+    (sweep_dir / "table.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    print(f"figure: {sweep_dir / 'figure.png'}, table: {sweep_dir / 'table.md'}")
+    return table
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("local", "slurm", "report", "status", "task"):
+        command = commands.add_parser(name)
+        command.add_argument("grid", help="the grid's JSON file (benchmark/grids/*.json)")
+        command.add_argument("--out", default=None, help="the sweep's folder (default benchmark/sweeps/{grid name})")
+        if name == "local":
+            command.add_argument("--workers", type=int, default=os.cpu_count(), help="runs at once (default: cores)")
+        if name == "slurm":
+            command.add_argument("--cpus-per-task", type=int, default=1)
+            command.add_argument("--mem", default="4G", help="memory per run (sbatch --mem)")
+            command.add_argument("--time", default="12:00:00", help="time limit per run (sbatch --time)")
+            command.add_argument("--partition", default=None)
+            command.add_argument("--signal-seconds", type=int, default=120, help="stop and requeue this long before the limit")
+            command.add_argument("--sbatch-arg", action="append", default=[], help="another #SBATCH line, e.g. --account=X")
+            command.add_argument("--dry-run", action="store_true", help="write the batch script, do not submit")
+        if name == "task":
+            command.add_argument("--index", type=int, required=True, help="the run's place in the grid (the array index)")
+            command.add_argument("--requeue-on-signal", action="store_true", help="on SIGUSR1 (Slurm), requeue this task")
+    options = parser.parse_args()
+    if options.command == "local" and options.workers < 1:
+        parser.error("--workers must be at least 1")
+    grid = load_grid(options.grid)
+    grid["path"] = options.grid
+    sweep_dir = sweep_folder(options.grid, options.out)
+    if options.command == "local":
+        if run_local(grid, sweep_dir, options.workers):
+            write_report(grid, sweep_dir)
+    elif options.command == "slurm":
+        submit_slurm(grid, sweep_dir, options)
+    elif options.command == "report":
+        write_report(grid, sweep_dir)
+    elif options.command == "status":
+        status(grid, sweep_dir)
+    else:
+        if not 0 <= options.index < len(grid["runs"]):
+            raise SystemExit(f"error: --index {options.index}: the grid has runs 0-{len(grid['runs']) - 1}")
+        state = execute(grid, grid["runs"][options.index], sweep_dir, options.requeue_on_signal)
+        sys.exit(0 if state in ("done", "stopped") else 1)
+
+
+if __name__ == "__main__":
+    main()

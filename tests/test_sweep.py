@@ -1,0 +1,275 @@
+"""benchmark/sweep.py: a grid of runs on this machine (skipping finished runs, resuming stopped ones), its report from
+the logs, and the same grid as a Slurm job array on a one-node cluster that the test starts and stops."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "benchmark" / "sweep.py"
+sys.path.insert(0, str(ROOT / "benchmark"))
+from plot import progress  # noqa: E402
+
+# the moving dot at its smallest: 2 pretraining rollouts of 4 envs x 64 steps, then 4 RL iterations (a few seconds)
+TINY_FLAGS = "--num-envs 4 --num-steps 64 --pretrain-steps 512 --segment-len 5 --episode-steps 100"
+TINY_FLAGS += " --pretrain-epochs 5 --reward-eval-every 2"
+
+
+def write_grid(folder, steps=1536, **changes):
+    grid = {
+        "script": "rlhf_moving_dot.py",
+        "env_flag": "--observation",
+        "envs": {"position": {}},
+        "feedback": ["true", 30],
+        "seeds": [1],
+        "steps": steps,
+        "flags": TINY_FLAGS,
+    } | changes
+    path = folder / "grid.json"
+    path.write_text(json.dumps(grid))
+    return path
+
+
+def sweep(*args, timeout=300, env=None):
+    return subprocess.run(
+        [sys.executable, str(SWEEP), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def final_step(log):
+    steps, _, _ = progress(log)
+    return steps[-1]
+
+
+def test_a_local_sweep_runs_each_run_once_and_reports_from_the_logs(tmp_path):
+    grid, out = write_grid(tmp_path), tmp_path / "out"
+    result = sweep("local", grid, "--out", out, "--workers", 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 of 2 runs done; running 2" in result.stdout
+    for name in ("position__true__1", "position__labels30__1"):
+        assert json.loads((out / name / "done.json").read_text())["attempts"] == 1
+        assert final_step(out / name / "run.log") == 1536
+    assert "--feedback true-reward" in (out / "position__true__1" / "run.log").read_text().splitlines()[0]
+    assert "--labels 30" in (out / "position__labels30__1" / "run.log").read_text().splitlines()[0]
+
+    # the table holds each run's last logged return, and the RLHF run's ratio to the true-reward run
+    last = {name: progress(out / name / "run.log")[1][-1] for name in ("position__true__1", "position__labels30__1")}
+    table = (out / "table.md").read_text()
+    assert f"| {last['position__true__1']:.1f} ± 0.0 |" in table
+    ratio = last["position__labels30__1"] / last["position__true__1"]
+    assert re.search(rf"\| 30 labels \| 1 \(1\) \| {last['position__labels30__1']:.1f} ± 0.0 \| {ratio:.2f} \|", table)
+    assert (out / "figure.png").stat().st_size > 10_000
+
+    # the same command again: nothing left to run, no run started again
+    logs_before = {name: (out / name / "run.log").read_text() for name in last}
+    again = sweep("local", grid, "--out", out)
+    assert "2 of 2 runs done; running 0" in again.stdout
+    assert {name: (out / name / "run.log").read_text() for name in last} == logs_before
+
+
+def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
+    # 40 iterations of 256 steps, a checkpoint every iteration: a stop lands in the middle
+    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    log = out / "position__labels30__1" / "run.log"
+    task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "1", "--out", str(out)], cwd=ROOT)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and re.search(r"^step [1-9]\d{3},", log.read_text(), re.M)):
+        time.sleep(0.2)
+    task.send_signal(signal.SIGTERM)  # as Slurm does at a time limit: the run saves at the end of its iteration
+    assert task.wait(timeout=60) == 0
+    first = log.read_text()
+    assert "interrupted at step" in first
+    stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
+    assert 1024 <= stopped_at < 10240
+    status = sweep("status", grid, "--out", out)
+    assert "stopped: 1\n  position__labels30__1" in status.stdout
+
+    again = sweep("task", grid, "--index", 1, "--out", out)
+    assert again.returncode == 0, again.stderr
+    second = log.read_text()[len(first) :]
+    assert "resumed: " in second.splitlines()[0] and " --resume runs/MovingDot-v0-position__sweep__1__" in second
+    assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
+    first_step_after = int(re.search(r"^step (\d+),", second, re.M)[1])
+    assert first_step_after == stopped_at + 256  # on from where it stopped, not from the start
+    assert final_step(log) == 10240
+    assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
+    assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"script": "rlhf_nothing.py"}, "names a script that is not in"),
+        ({"feedback": ["true", "lots"]}, "feedback must be \"true\" or a positive number of labels, not 'lots'"),
+        ({"envs": None}, "envs"),
+    ],
+)
+def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, message):
+    grid = write_grid(tmp_path, **change)
+    if change.get("envs", 0) is None:
+        data = json.loads(grid.read_text())
+        del data["envs"]
+        grid.write_text(json.dumps(data))
+    result = sweep("local", grid, "--out", tmp_path / "out")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_slurm_dry_run_writes_an_array_of_the_runs_not_done(tmp_path):
+    grid, out = write_grid(tmp_path, seeds=[1, 2, 3]), tmp_path / "out"
+    (out / "position__true__2").mkdir(parents=True)
+    (out / "position__true__2" / "done.json").write_text("{}")
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--time", "01:30:00", "--mem", "2G", "--partition", "cpu")
+    assert result.returncode == 0, result.stderr
+    batch = (out / "slurm_array.sh").read_text()
+    # grid order: true 1-3, then labels30 1-3; true 2 is done
+    assert "#SBATCH --array=0,2-5\n" in batch
+    for line in ("--time=01:30:00", "--mem=2G", "--partition=cpu", "--cpus-per-task=1", "--requeue", "--signal=B:USR1@120"):
+        assert f"#SBATCH {line}\n" in batch
+    assert batch.rstrip().splitlines()[-1].startswith("exec ")
+    assert batch.rstrip().endswith('--requeue-on-signal --index "$SLURM_ARRAY_TASK_ID"')
+
+
+# --- a one-node Slurm cluster of the test's own: munge, slurmctld and slurmd on free ports, files in tmp_path -------
+SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue")
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path):
+    missing = [program for program in SLURM_PROGRAMS if shutil.which(program) is None]
+    if missing:
+        pytest.skip(
+            f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld slurmd munge "
+            "slurm-client, as .ci/run does"
+        )
+    if os.geteuid() != 0:
+        pytest.skip("starting slurmd needs root (it starts jobs as their user)")
+    folder = tmp_path / "slurm"
+    for sub in ("state", "spool", "log"):
+        (folder / sub).mkdir(parents=True)
+    subprocess.run(["mungekey", "--create", "--keyfile", str(folder / "munge.key")], check=True, capture_output=True)
+    os.chmod(folder / "munge.key", 0o600)
+    socket_path = folder / "munge.socket"
+    host = socket.gethostname().split(".")[0]
+    config = folder / "slurm.conf"
+    config.write_text(
+        f"""ClusterName=sweeptest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser=root
+AuthType=auth/munge
+AuthInfo=socket={socket_path}
+CredType=cred/munge
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/log/slurmctld.log
+SlurmdLogFile={folder}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+PlugStackConfig=/dev/null
+MailProg=/bin/true
+NodeName=testnode NodeAddr=127.0.0.1 NodeHostname={host} CPUs={os.cpu_count()} RealMemory=2000 State=UNKNOWN
+PartitionName=test Nodes=testnode Default=YES MaxTime=INFINITE State=UP
+"""
+    )
+    env = os.environ | {"SLURM_CONF": str(config)}
+    munge = [f"--socket={socket_path}", f"--key-file={folder / 'munge.key'}", f"--pid-file={folder / 'munged.pid'}"]
+    munge += [f"--log-file={folder / 'log' / 'munged.log'}", f"--seed-file={folder / 'munged.seed'}"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # they log to folder/log
+    daemons = [subprocess.Popen(["munged", "--foreground", "--force", *munge], **quiet)]
+    for _ in range(50):
+        if socket_path.exists():
+            break
+        time.sleep(0.1)
+    daemons.append(subprocess.Popen(["slurmctld", "-D", "-f", str(config)], env=env, **quiet))
+    daemons.append(subprocess.Popen(["slurmd", "-D", "-f", str(config), "-N", "testnode"], env=env, **quiet))
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout.strip()
+            if state == "idle":
+                break
+            time.sleep(0.5)
+        else:
+            logs = "\n".join(path.read_text()[-2000:] for path in (folder / "log").glob("*.log"))
+            pytest.fail(f"the test cluster did not come up (sinfo: {state!r}):\n{logs}")
+        yield env
+    finally:
+        subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True)
+        for daemon in reversed(daemons):
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+
+
+@pytest.mark.slow
+def test_a_grid_runs_as_a_slurm_job_array_one_task_per_run(tmp_path, slurm_cluster):
+    grid, out = write_grid(tmp_path), tmp_path / "out"
+    result = sweep("slurm", grid, "--out", out, "--time", "00:10:00", "--mem", "500M", env=slurm_cluster)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = re.search(r"submitted job array (\d+): 2 runs", result.stdout)[1]
+    names = ("position__true__1", "position__labels30__1")
+    deadline = time.time() + 240
+
+    def queued():
+        return subprocess.run(["squeue", "-h", "-j", job], env=slurm_cluster, capture_output=True, text=True).stdout.strip()
+
+    while time.time() < deadline and queued():  # both tasks ran and left the queue
+        time.sleep(1)
+    slurm_outputs = sorted(path.name for path in out.glob("slurm-*.out"))
+    assert slurm_outputs == [f"slurm-{job}_0.out", f"slurm-{job}_1.out"], slurm_outputs
+    for name in names:
+        assert (out / name / "done.json").exists(), (out / name / "run.log").read_text()[-3000:]
+        assert final_step(out / name / "run.log") == 1536
+
+    # a second submission finds nothing to do; the report reads the runs' logs
+    again = sweep("slurm", grid, "--out", out, env=slurm_cluster)
+    assert "every run is done: nothing to submit" in again.stdout
+    report = sweep("report", grid, "--out", out)
+    assert "| position | 1536 (at 1536) | 30 labels | 1 (1) |" in report.stdout
+    assert np.isfinite(progress(out / names[1] / "run.log")[1][-1])
+
+
+@pytest.mark.slow
+def test_a_task_stopped_before_its_time_limit_requeues_itself_and_resumes(tmp_path, slurm_cluster):
+    # a run far longer than its limit of one minute (a checkpoint every iteration); Slurm signals the task up to a
+    # minute before the limit (--signal-seconds 50): the run saves, the task requeues itself, and the run goes on
+    grid = write_grid(tmp_path, steps=50_000_000, feedback=["true"], flags="--checkpoint-every 1")
+    out = tmp_path / "out"
+    result = sweep("slurm", grid, "--out", out, "--time", "1", "--signal-seconds", 50, "--mem", "500M", env=slurm_cluster)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = out / "position__true__1" / "run.log"
+    resumed_and_stepping = re.compile(r"^# .* UTC, resumed: .*\n(.*\n)*step \d+,", re.M)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (log.exists() and resumed_and_stepping.search(log.read_text())):
+        time.sleep(2)
+    subprocess.run(["scancel", "--full", re.search(r"job array (\d+)", result.stdout)[1]], env=slurm_cluster)
+    text = log.read_text()
+    first, _, second = text.partition("resumed: ")
+    assert second, text[-3000:]
+    stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
+    assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
+    assert int(re.search(r"^step (\d+),", second, re.M)[1]) == stopped_at + 1024  # 8 envs x 128 steps on from there
