@@ -57,7 +57,7 @@ class Args:
     """a rater may take an answer back this long; a label reaches the trainer only after it (0: at once, no undo)"""
     timeout: float = 30.0
     """seconds a connection may wait for its next request to arrive whole (idle keep-alive, a request sent halfway),
-    or stay silent in the middle of a clip's upload, before it is closed"""
+    and a worker for the rest of a request it reads itself (a clip's upload), before the connection is closed"""
     max_workers: int = 256
     """requests answered at once (one thread each); idle connections and requests still arriving wait without a thread"""
     public_url: Optional[str] = None
@@ -75,6 +75,9 @@ METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot: never a path
 RATER_SEPARATORS = " _.@-'"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # besides letters, digits and combining marks, in any script
+# arrays and objects in each other in a request's JSON: a body nested much deeper would be read and stored, then fail to
+# be sent back (json.dumps recurses, from deeper in a worker's stack) every time the trainer asks for it
+MAX_JSON_DEPTH = 64
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clips (clip_id TEXT PRIMARY KEY, content_type TEXT NOT NULL, data BLOB NOT NULL,
@@ -586,6 +589,16 @@ def reject_non_json_number(name):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def json_depth(value):
+    """How deeply arrays and objects nest in parsed JSON: 0 for a number or string, 1 for [1, 2] or {}. A level at a
+    time, not by recursion."""
+    depth, level = 0, [value]
+    while level := [v for v in level if isinstance(v, (dict, list))]:
+        depth += 1
+        level = [child for container in level for child in (container.values() if isinstance(container, dict) else container)]
+    return depth
+
+
 def host_name(host):
     """'localhost' of a Host header 'localhost:8000', '::1' of '[::1]:8000'."""
     if host.startswith("["):
@@ -652,17 +665,21 @@ def make_handler(store, args, rater_of_key=None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive and byte ranges for the video elements
         server_version = "label_server"
-        timeout = args.timeout  # a client silent mid-upload (or not reading its reply) must not hold a worker forever
+        timeout = args.timeout  # a client not reading its reply (or slow to send a clip: RequestReader) must not hold a worker
 
         # --- one request per worker: the server's main thread waits for it to arrive, and for the next one ---
-        def __init__(self, request, client_address, server, received=b""):
+        def __init__(self, request, client_address, server, received=b"", told_to_continue=False):
             self.received = received  # what the main thread has read of the connection: the request's head at least
+            self.told_to_continue = told_to_continue  # the main thread said "100 Continue" (Expect: 100-continue)
             super().__init__(request, client_address, server)
 
         def setup(self):
             super().setup()
             self.rfile.close()
-            self.rfile = RequestReader(self.received, self.connection)
+            self.rfile = RequestReader(self.received, self.connection, self.timeout)
+
+        def handle_expect_100(self):  # the standard library's "100 Continue", unless the main thread said it: once only
+            return True if self.told_to_continue else super().handle_expect_100()
 
         def handle(self):  # the standard library's loops until the connection closes, holding the worker meanwhile
             self.close_connection = True  # unless the request says keep-alive: then it goes back to the server
@@ -753,17 +770,21 @@ def make_handler(store, args, rater_of_key=None):
             content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if content_type != "application/json":
                 raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be sent as Content-Type: application/json")
+            too_deep = f"malformed JSON: arrays and objects nested deeper than {MAX_JSON_DEPTH} levels"
             try:
                 body = json.loads(raw, parse_constant=reject_non_json_number)
+            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN or Infinity
+                raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {error}") from None
+            except RecursionError:  # "[[[[..." within the size limit is deeper than Python's recursion limit
+                raise ApiError(HTTPStatus.BAD_REQUEST, too_deep) from None
+            if json_depth(body) > MAX_JSON_DEPTH:
+                raise ApiError(HTTPStatus.BAD_REQUEST, too_deep)
+            try:
                 json.dumps(body, ensure_ascii=False).encode()  # a lone surrogate ("\ud800") cannot be stored or sent
             except UnicodeEncodeError:
                 raise ApiError(
                     HTTPStatus.BAD_REQUEST, "malformed JSON: a string is not valid Unicode (lone surrogate)"
                 ) from None
-            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN or Infinity
-                raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {error}") from None
-            except RecursionError:  # "[[[[..." within the size limit is deeper than Python's recursion limit
-                raise ApiError(HTTPStatus.BAD_REQUEST, "malformed JSON: nested too deeply") from None
             if not isinstance(body, dict):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
             return body
@@ -848,11 +869,12 @@ def make_handler(store, args, rater_of_key=None):
             except ConnectionError:  # the client went away (a video element dropping a range request): nobody to answer
                 self.close_connection = True
                 return
-            except Exception as error:  # a bug must not take the server down: log it, report it, keep serving
+            except Exception:  # a bug must not take the server down: log it, report it, keep serving
                 self.log_message("internal error on %s %s, traceback follows", method, url.path)
                 sys.stderr.write(traceback.format_exc())
-                if self.status is None:
-                    self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error!r}"})
+                if self.status is None:  # what failed, and how, is for the log: not for whoever sent the request
+                    message = "internal error (its traceback is in the label server's log)"
+                    self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": message})
                 else:  # the reply had begun: it cannot be replaced by another, only cut short
                     self.close_connection = True
 
@@ -1256,20 +1278,22 @@ next();
 
 CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:[ \t]*(\d{1,18})[ \t]*\r?\n", re.IGNORECASE)
 EXPECT_CONTINUE = re.compile(rb"\nexpect[ \t]*:[ \t]*100-continue", re.IGNORECASE)  # curl, for larger bodies
-MAX_HEAD = 65536  # bytes of a head still arriving kept by the main thread; a longer one is a worker's to refuse
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # to a client that sends its body only once told to go on
+HTTP_1_0 = re.compile(rb"[^\n]* HTTP/1\.0\r?\n")  # a request line of HTTP/1.0, which knows no 100 Continue
+MAX_HEAD = 65536  # bytes of a request's head (request line and headers): the main thread refuses a longer one (431)
 
 
-def whole_request(received, body_limit):
-    """Has the request's head (request line and headers) arrived, and its body if it is `body_limit` bytes or shorter?
-    (A longer body, a clip's or one to refuse, is the worker's to read, as is one the client sends only once told to
-    go on.) Only when to hand the request to a worker, who parses it for real: a malformed head goes as it is."""
-    ends = [at + len(blank) for blank in (b"\n\r\n", b"\n\n") if (at := received.find(blank)) >= 0]  # after the headers
-    if not ends:
-        return len(received) > MAX_HEAD
-    head = received[: min(ends)]
+def head_of(received):
+    """The request's head (request line and headers, and the blank line after them) once it has arrived, else None."""
+    ends = [at + len(blank) for blank in (b"\n\r\n", b"\n\n") if (at := received.find(blank)) >= 0]
+    return received[: min(ends)] if ends else None
+
+
+def body_length(head):
+    """The body's length as the head's Content-Length says (0 without one). Only for the main thread to know when the
+    request has arrived: the worker parses the head for real, and refuses a malformed one."""
     length = CONTENT_LENGTH.search(head)
-    body = int(length[1]) if length else 0
-    return body > body_limit or EXPECT_CONTINUE.search(head) is not None or len(received) - len(head) >= body
+    return int(length[1]) if length else 0
 
 
 class RequestReader:
@@ -1277,11 +1301,22 @@ class RequestReader:
     the server's main thread received, then more from the socket. What is left after the request (a next request,
     sent at once) stays in `unread` and goes back to the main thread with the connection."""
 
-    def __init__(self, received, connection):
+    def __init__(self, received, connection, timeout):
         self.unread, self.connection = bytearray(received), connection
+        # what the worker reads itself (a body over the main thread's limit: a clip's) must arrive within `timeout`
+        # of the worker taking the request, however it trickles: a timeout per recv, a byte now and then renews
+        self.deadline = time.monotonic() + timeout
 
     def receive(self):
-        data = self.connection.recv(65536)  # at most the handler's timeout of silence: then TimeoutError
+        time_left = self.deadline - time.monotonic()
+        if time_left <= 0:
+            raise TimeoutError("the request did not arrive whole within --timeout")
+        timeout = self.connection.gettimeout()  # the handler's, for writing its reply too: back after this recv
+        self.connection.settimeout(time_left)
+        try:
+            data = self.connection.recv(65536)  # TimeoutError when the time is up
+        finally:
+            self.connection.settimeout(timeout)
         self.unread += data
         return len(data) > 0
 
@@ -1312,6 +1347,8 @@ class Waiting:
     address: tuple
     received: bytearray
     deadline: float  # time.monotonic() when it is closed if its request is not whole by then
+    told_to_continue: bool = False  # said "100 Continue": its client sends the body now
+    refused: bool = False  # answered by the main thread (a head too long): what it sends is dropped until it closes
 
 
 class Server(HTTPServer):
@@ -1320,7 +1357,9 @@ class Server(HTTPServer):
     one of `max_workers` worker threads then answers it and gives a keep-alive connection back to wait for its next
     request. A connection whose request is not whole `timeout` seconds after it began waiting (idle keep-alive, a
     request sent halfway) is closed. So however many connections sit idle or send slowly, a new client is answered
-    at once, and waiting costs no CPU."""
+    at once, and waiting costs no CPU. A client that sends its body only once told to (Expect: 100-continue) is told
+    by the main thread, which then waits for the body as for any; a head over MAX_HEAD is refused there too. A body
+    over `body_limit` is the worker's to read (or refuse), within `timeout` of taking the request."""
 
     request_queue_size = 1024  # the listen backlog, for bursts of new connections (the default is 5)
 
@@ -1329,7 +1368,7 @@ class Server(HTTPServer):
         self.request_timeout, self.body_limit = timeout, body_limit
         self.waiting = {}  # socket -> Waiting, in the order they began waiting: the first is the first to expire
         self.selector = selectors.DefaultSelector()
-        self.requests = queue.SimpleQueue()  # (socket, address, bytes received) for the workers to answer
+        self.requests = queue.SimpleQueue()  # (socket, address, bytes received, told to continue?) for the workers
         self.given_back = queue.SimpleQueue()  # (socket, address, bytes not read) of keep-alive connections
         self.wake_up, self.wake_up_sender = socket.socketpair()  # a worker's byte here wakes the main thread
         for _ in range(max_workers):
@@ -1372,11 +1411,12 @@ class Server(HTTPServer):
         connection.setblocking(False)
         self.waiting[connection] = Waiting(address, bytearray(received), time.monotonic() + self.request_timeout)
         self.selector.register(connection, selectors.EVENT_READ)
-        if whole_request(received, self.body_limit):  # sent at once with the request before
-            self.hand_over(connection)
+        self.look_at_request(connection)  # sent at once with the request before, perhaps whole
 
     def receive(self, connection):
-        waiting = self.waiting[connection]
+        waiting = self.waiting.get(connection)
+        if waiting is None:  # closed earlier in this batch of events, to make room for a new connection (accept)
+            return
         try:
             data = connection.recv(65536)
         except BlockingIOError:
@@ -1384,16 +1424,67 @@ class Server(HTTPServer):
         except OSError:  # reset by the client
             self.close(connection)
             return
+        if waiting.refused:  # answered already: what it sends is dropped, till it closes (or its deadline)
+            if not data:
+                self.close(connection)
+            return
         waiting.received += data
         if not waiting.received:  # closed by the client between requests
             self.close(connection)
-        elif not data or whole_request(waiting.received, self.body_limit):
-            self.hand_over(connection)  # whole, or all the client will send: a worker answers what there is
+        elif not data:  # all the client will send: a worker answers what there is
+            self.hand_over(connection)
+        else:
+            self.look_at_request(connection)
+
+    def look_at_request(self, connection):
+        """Hands a connection's request to a worker once whole (its head, and its body unless over `body_limit`: a
+        clip's, or one to refuse, is the worker's to read); refuses a head over MAX_HEAD; tells a client that waits to
+        be told (Expect: 100-continue) to send its body, which is then waited for here like the rest of any request."""
+        waiting = self.waiting[connection]
+        head = head_of(waiting.received)
+        if len(waiting.received if head is None else head) > MAX_HEAD:
+            self.refuse_head(connection)
+        elif head is None:
+            return
+        elif (body := body_length(head)) > self.body_limit or len(waiting.received) - len(head) >= body:
+            self.hand_over(connection)
+        elif not waiting.told_to_continue and EXPECT_CONTINUE.search(head) and not HTTP_1_0.match(head):
+            self.tell_to_continue(connection)
+
+    def tell_to_continue(self, connection):
+        """Says "100 Continue" to a client that sends its body only once told to (curl, for larger bodies)."""
+        try:
+            sent = connection.send(CONTINUE)
+        except OSError:
+            sent = 0
+        if sent < len(CONTINUE):  # a client that does not read what it is sent (its buffer full), or gone
+            self.close(connection)
+        else:
+            self.waiting[connection].told_to_continue = True
+
+    def refuse_head(self, connection):
+        """Answers a request whose head is over MAX_HEAD, whole or not, with a JSON 431, here: no worker waits for the
+        rest of it. The connection is closed once the client closes it (or at its deadline), its bytes dropped till
+        then: closed with some of them unread, it would be reset, and the reset could discard the reply."""
+        waiting = self.waiting[connection]
+        message = f"request head (request line and headers) over {MAX_HEAD} bytes"
+        body = json.dumps({"error": message}).encode()
+        reply = (
+            "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode() + body
+        with contextlib.suppress(OSError):  # gone, or not reading: nothing more to tell it
+            connection.send(reply)
+            connection.shutdown(socket.SHUT_WR)  # the reply's end: the client's next read sees the connection close
+        waiting.received, waiting.refused = bytearray(), True
+        # as the standard library logs a request it refuses (and --quiet keeps)
+        when = time.strftime("%d/%b/%Y %H:%M:%S")
+        sys.stderr.write(f"{waiting.address[0]} - - [{when}] code 431, message {message}\n")
 
     def hand_over(self, connection):
         self.selector.unregister(connection)
         waiting = self.waiting.pop(connection)
-        self.requests.put((connection, waiting.address, bytes(waiting.received)))
+        self.requests.put((connection, waiting.address, bytes(waiting.received), waiting.told_to_continue))
 
     def close(self, connection):
         self.selector.unregister(connection)
@@ -1420,9 +1511,9 @@ class Server(HTTPServer):
     def work(self):
         """A worker thread: answers requests, one at a time."""
         while True:
-            connection, address, received = self.requests.get()
+            connection, address, received, told_to_continue = self.requests.get()
             try:
-                handler = self.RequestHandlerClass(connection, address, self, received)
+                handler = self.RequestHandlerClass(connection, address, self, received, told_to_continue)
             except Exception:
                 self.handle_error(connection, address)  # a traceback on stderr
                 handler = None

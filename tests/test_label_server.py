@@ -9,6 +9,8 @@ import io
 import json
 import os
 import re
+import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from contextlib import closing
+from contextlib import closing, suppress
 
 import label_server as ls
 import pytest
@@ -467,7 +469,8 @@ def test_an_internal_error_answers_500_logs_its_traceback_and_the_server_recover
         other.execute("BEGIN EXCLUSIVE")
         status, reply = server.call("PUT", "/api/clips/c1", raw=CLIP)
         other.execute("ROLLBACK")
-    assert status == 500 and "database is locked" in reply["error"], reply
+    # the client is told that the server failed, not how: the exception's text is for the log
+    assert status == 500 and reply["error"].startswith("internal error") and "locked" not in reply["error"], reply
     log = server.log(until="OperationalError: database is locked")
     assert "PUT /api/clips/c1" in log and "Traceback (most recent call last)" in log, log
     assert "sqlite3.OperationalError: database is locked" in log, log
@@ -688,6 +691,148 @@ def test_a_new_client_is_answered_at_once_while_idle_and_slow_connections_are_he
         sock.close()
     for connection in kept:
         connection.close()
+
+
+def closed_by_server(sock):
+    """Has the server closed this connection (nothing left to read, or reset)? Looks without waiting."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+    finally:
+        sock.settimeout(timeout)
+
+
+def test_out_of_descriptors_the_oldest_waiting_connection_makes_room_and_the_server_goes_on(label_server):
+    server = label_server("--max-workers", 2)
+    pid = server.process.pid
+    limit = len(os.listdir(f"/proc/{pid}/fd")) + 16
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))  # the server's own limit, lowered from now on
+    held = []
+    try:
+        # idle connections until the server has no descriptor left for the next: it closes the oldest to accept it
+        while not any(closed_by_server(sock) for sock in held):
+            assert len(held) < 40, "the server never ran out of descriptors"
+            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+            time.sleep(0.05)
+        time.sleep(0.3)
+        oldest = next(sock for sock in held if not closed_by_server(sock))  # the next one the server closes
+        # in one batch of the server's events: a new connection, for which it closes the oldest waiting one, and a
+        # byte from that oldest one
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 5
+            while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+                assert time.monotonic() < deadline, "the server did not stop"
+                time.sleep(0.01)
+            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))  # waits in the backlog
+            oldest.sendall(b"GET /healthz HTTP/1.1\r\n")
+            time.sleep(0.2)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.5)
+        assert server.process.poll() is None, server.log()[-1000:]
+        assert server.call("GET", "/healthz")[0] == 200  # at the limit still: the oldest waiting connection makes room
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_body_awaited_after_100_continue_holds_no_worker_and_is_cut_off_after_the_timeout(label_server):
+    server = label_server("--max-workers", 2, "--timeout", 2)
+    post_pair(server, "p1")
+    body = json.dumps({"pair_id": "p1", "rater": "ann", "choice": "left"}).encode()
+    # curl's way with a larger body: the head, then the body once the server says "100 Continue"
+    head = (
+        b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nExpect: 100-continue\r\n" % len(body)
+    )
+    started = time.monotonic()
+    told = half_sent(server.port, head + b"Connection: close\r\n\r\n")
+    silent = [half_sent(server.port, head + b"\r\n") for _ in range(3)]  # with `told`, twice as many as the workers
+    with closing(http.client.HTTPConnection("127.0.0.1", server.port, timeout=1.5)) as connection:
+        assert healthz_on(connection)[0] == 200  # at once: no worker waits for their bodies (a TimeoutError fails)
+    for sock in [told, *silent]:
+        sock.settimeout(2)
+        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    told.sendall(body)
+    reply = b""
+    while chunk := told.recv(65536):
+        reply += chunk
+    told.close()
+    assert reply.startswith(b"HTTP/1.1 201 ") and b"100 Continue" not in reply, reply  # told to go on once
+    # the others send a byte of their bodies now and then: they are closed `--timeout` after they began waiting
+    while not all(closed_by_server(sock) for sock in silent) and time.monotonic() - started < 8:
+        for sock in silent:
+            with suppress(OSError):
+                sock.sendall(b" ")
+        time.sleep(0.2)
+    waited = time.monotonic() - started
+    assert all(closed_by_server(sock) for sock in silent) and waited < 2 + 1.5, f"still open after {waited:.1f} s"
+    for sock in silent:
+        sock.close()
+    assert server.call("GET", "/healthz")[1]["answers"] == 1
+
+
+def test_a_body_trickling_into_a_worker_is_cut_off_after_the_timeout(label_server):
+    server = label_server("--timeout", 2, "--max-json-bytes", 1000, "--max-clip-bytes", 100000, "--quiet")
+    # a clip, over the JSON limit: a worker reads its body; a byte every 0.1 s would renew a timeout per recv forever
+    sock = half_sent(server.port, b"PUT /api/clips/c1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50000\r\n\r\n" + CLIP[:4])
+    started = time.monotonic()
+    while not closed_by_server(sock) and time.monotonic() - started < 8:
+        with suppress(OSError):
+            sock.sendall(b"\0")
+        time.sleep(0.1)
+    waited = time.monotonic() - started
+    assert closed_by_server(sock) and waited < 2 + 1.5, f"still open after {waited:.1f} s"
+    sock.close()
+    assert server.call("GET", "/healthz")[1]["clips"] == 0
+
+
+def test_a_head_over_64_kib_is_refused_with_431_at_once(label_server):
+    server = label_server("--max-workers", 1, "--timeout", 5)
+    # lines under the standard library's 64 KiB limit for one line, and no blank line after them: a worker given this
+    # head would wait for the rest of it
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 40000 + b"\r\nX-Pad2: " + b"a" * 30000 + b"\r\n"
+    unfinished = [half_sent(server.port, head) for _ in range(2)]  # twice as many as the workers
+    for sock in unfinished:
+        sock.settimeout(2)
+        reply = b""
+        while chunk := sock.recv(65536):  # the server answers and closes (a TimeoutError fails the test)
+            reply += chunk
+        sock.close()
+        status_line, _, body = reply.partition(b"\r\n\r\n")
+        assert status_line.startswith(b"HTTP/1.1 431 ") and "65536 bytes" in json.loads(body)["error"], reply
+    line, body = raw_request(server.port, head + b"\r\n")  # whole, but as long
+    assert " 431 " in line and "65536 bytes" in json.loads(body)["error"]
+    assert server.call("GET", "/healthz")[0] == 200
+
+
+def deep_pair(pair_id, lists):
+    """A pair's JSON body whose metadata holds `lists` arrays nested in each other: the body nests 2 + `lists` deep."""
+    pair = b'{"experiment": "exp", "pair_id": "%s", "left_clip": "c-l", "right_clip": "c-r", "metadata": {"m": ' % pair_id
+    return pair + b"[" * lists + b"]" * lists + b"}}"
+
+
+def test_json_nested_deeper_than_64_levels_is_refused_and_64_levels_round_trip(label_server):
+    server = label_server()
+    for clip in ("c-l", "c-r"):
+        assert server.call("PUT", f"/api/clips/{clip}", raw=CLIP)[0] == 201
+    # 975 arrays deep is within Python's recursion limit when the body is read, not when it is sent back
+    for pair_id, lists in [(b"p65", 63), (b"p977", 975)]:
+        status, reply = server.call("POST", "/api/pairs", raw=deep_pair(pair_id, lists))
+        assert status == 400 and "nested deeper than 64 levels" in reply["error"], (status, reply)
+    assert server.call("GET", "/healthz")[1]["pairs"] == 0  # nothing stored
+    assert server.call("POST", "/api/pairs", raw=deep_pair(b"p64", 62))[0] == 201
+    assert answer(server, "p64", "ann", "left")[0] == 201
+    metadata = {"m": json.loads(b"[" * 62 + b"]" * 62)}
+    assert server.call("GET", "/api/pairs/p64")[1]["metadata"] == metadata
+    assert labels(server)[0]["metadata"] == metadata
+    assert json.loads(download(server, "/api/export?what=labels")[1])["metadata"] == metadata
 
 
 def test_answers_saved_under_older_spellings_of_a_name_join_the_normalised_rater(label_server, tmp_path):
