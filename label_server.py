@@ -473,9 +473,40 @@ class LabelStore:
         ]
 
     def summary(self):
-        """For whoever runs the labelling: per experiment its queue, per rater their answers, golden accuracy and
-        agreement with the other raters of the same pairs. Reads every answer: an occasional request, not a rater's."""
+        """For whoever runs the labelling: per experiment its queue, and per rater their answers, golden accuracy and
+        agreement with the other raters of the same pairs, for each experiment (all its raters, and each of them) and
+        over all of them. Reads every answer: an occasional request, not a rater's."""
         now = time.time()
+        rows = self._read(
+            "SELECT p.experiment, a.pair_id, a.rater, a.choice, p.golden FROM answers a JOIN pairs p USING (pair_id)"
+        )
+        by_pair = {}
+        for experiment, pair_id, rater, choice, golden in rows:
+            by_pair.setdefault((experiment, pair_id), []).append((rater, choice, golden))
+        # counts per (experiment, rater), None standing for all: (None, None) is everyone's answers to every experiment
+        tallies = {}
+        for (experiment, _), answers in by_pair.items():
+            for rater, choice, golden in answers:
+                others = [c for r, c, _ in answers if r != rater]
+                for key in ((experiment, rater), (experiment, None), (None, rater), (None, None)):
+                    tally = tallies.setdefault(key, Counter())
+                    tally["answers"] += 1
+                    tally["golden"] += golden is not None
+                    tally["golden_correct"] += golden is not None and choice == golden
+                    tally["agree"] += sum(c == choice for c in others)
+                    tally["compared"] += len(others)
+
+        def figures(experiment, rater):
+            tally = tallies.get((experiment, rater), Counter())
+            return {
+                "answers": tally["answers"],
+                "golden_answered": tally["golden"],
+                "golden_accuracy": round(tally["golden_correct"] / tally["golden"], 3) if tally["golden"] else None,
+                # the share of other raters' answers to the same pairs that were the same as theirs
+                "agreement": round(tally["agree"] / tally["compared"], 3) if tally["compared"] else None,
+            }
+
+        raters = sorted({rater for _, rater in tallies if rater is not None})
         experiments = [
             {
                 "experiment": experiment,
@@ -484,45 +515,22 @@ class LabelStore:
                 "labels": labelled,
                 "oldest_open_seconds": None if oldest is None else round(now - oldest, 1),
                 "live": time.monotonic() - self.seen.get(experiment, -float("inf")) < self.live_seconds,
+                **figures(experiment, None),
+                "raters": [
+                    {"rater": rater, **figures(experiment, rater)} for rater in raters if (experiment, rater) in tallies
+                ],
             }
             for experiment, pairs, open_pairs, labelled, oldest in self._read(
                 "SELECT experiment, COUNT(*), SUM(open), SUM(pair_id IN (SELECT pair_id FROM labels)), "
                 "MIN(CASE WHEN open = 1 THEN created END) FROM pairs GROUP BY experiment ORDER BY experiment"
             )
         ]
-        rows = self._read("SELECT a.pair_id, a.rater, a.choice, p.golden FROM answers a JOIN pairs p USING (pair_id)")
-        by_pair = {}
-        for pair_id, rater, choice, golden in rows:
-            by_pair.setdefault(pair_id, []).append((rater, choice, golden))
-        raters = {}
-        agree_total = compared_total = 0
-        for answers in by_pair.values():
-            for rater, choice, golden in answers:
-                stats = raters.setdefault(rater, {"answers": 0, "golden": 0, "golden_correct": 0, "agree": 0, "compared": 0})
-                stats["answers"] += 1
-                if golden is not None:
-                    stats["golden"] += 1
-                    stats["golden_correct"] += choice == golden
-                others = [c for r, c, _ in answers if r != rater]
-                stats["agree"] += sum(c == choice for c in others)
-                stats["compared"] += len(others)
-                agree_total += sum(c == choice for c in others)
-                compared_total += len(others)
+        everyone = figures(None, None)
         return {
             "experiments": experiments,
-            "raters": [
-                {
-                    "rater": rater,
-                    "answers": stats["answers"],
-                    "golden_answered": stats["golden"],
-                    "golden_accuracy": round(stats["golden_correct"] / stats["golden"], 3) if stats["golden"] else None,
-                    "excluded": rater in self.excluded,
-                    # the share of other raters' answers to the same pairs that were the same as theirs
-                    "agreement": round(stats["agree"] / stats["compared"], 3) if stats["compared"] else None,
-                }
-                for rater, stats in sorted(raters.items())
-            ],
-            "agreement": round(agree_total / compared_total, 3) if compared_total else None,
+            "raters": [{"rater": rater, **figures(None, rater), "excluded": rater in self.excluded} for rater in raters],
+            "agreement": everyone["agreement"],
+            "golden_accuracy": everyone["golden_accuracy"],
         }
 
     def export(self, what, experiment=None):
@@ -670,6 +678,7 @@ def make_handler(store, args, rater_of_key=None):
         # --- one request per worker: the server's main thread waits for it to arrive, and for the next one ---
         def __init__(self, request, client_address, server, received=b"", told_to_continue=False):
             self.received = received  # what the main thread has read of the connection: the request's head at least
+            self.body_left_unread = 0  # bytes of a body not read when the connection is closed (the client may still send)
             self.told_to_continue = told_to_continue  # the main thread said "100 Continue" (Expect: 100-continue)
             super().__init__(request, client_address, server)
 
@@ -760,6 +769,10 @@ def make_handler(store, args, rater_of_key=None):
             length = plain_int(self.headers.get("Content-Length", "0"))
             if self.headers.get("Transfer-Encoding") or length is None or length > args.max_json_bytes:
                 self.close_connection = True
+                # what the client still sends of it (all it will send, if its length is unknown) is the server's main
+                # thread's to drop, after this reply: closed with bytes unread, the connection would be reset
+                unknown = length is None or self.headers.get("Transfer-Encoding")
+                self.body_left_unread = MAX_DROPPED if unknown else min(MAX_DROPPED, max(0, length - len(self.rfile.unread)))
             elif length:
                 self.rfile.read(length)
 
@@ -789,15 +802,26 @@ def make_handler(store, args, rater_of_key=None):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
             return body
 
-        def check_origin(self, method):
-            """Only this server's own page and programs (no Origin) may use the API. Bound to this machine, the Host must
+        def check_origin(self, method, parts):
+            """Only this server's own page and programs (no Origin) may use the API: a page of another site open in a
+            rater's browser may not write, nor take a pair (a lease, in a name it makes up) or read a rater's figures,
+            with any request (the page, the clips and /healthz stay open to all). Bound to this machine, the Host must
             name it too: a page whose DNS name was pointed at 127.0.0.1 (DNS rebinding) sends its own name."""
             host = self.headers.get("Host")
             if host is not None and loopback_only and host_name(host) not in LOOPBACK_NAMES and host != public:
                 raise ApiError(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this machine (a page on another site?)")
-            origin = self.headers.get("Origin")
-            if method != "GET" and origin is not None and urllib.parse.urlsplit(origin).netloc not in (host, public):
-                raise ApiError(HTTPStatus.FORBIDDEN, f"Origin {origin!r} is not this server: only its own page may post")
+            if method == "GET" and parts[:1] != ["api"]:
+                return
+            origin = self.headers.get("Origin")  # a fetch's, and any POST's, from a page
+            if origin is not None and urllib.parse.urlsplit(origin).netloc not in (host, public):
+                message = f"Origin {origin!r} is another site: only this server's own page may use its API"
+                raise ApiError(HTTPStatus.FORBIDDEN, message)
+            # browsers say where every request comes from (Fetch Metadata), also those that carry no Origin: an image's,
+            # a link's, a GET form's, a no-cors fetch's. "none": typed in, or a bookmark; absent: not a browser
+            site = self.headers.get("Sec-Fetch-Site", "none")
+            if site not in ("same-origin", "none"):
+                message = f"a request from another site's page (Sec-Fetch-Site: {site}): only this server's own page may"
+                raise ApiError(HTTPStatus.FORBIDDEN, message + " use its API")
 
         def rater(self, given):
             """Who is answering: with --rater-keys, the rater whose key the request carries (header X-Rater-Key, or ?key=
@@ -853,7 +877,7 @@ def make_handler(store, args, rater_of_key=None):
             query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
             parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
             try:
-                self.check_origin(method)
+                self.check_origin(method, parts)
                 endpoint = self.route(method, parts, query)
                 if endpoint is None:
                     allowed = ", ".join(m for m in METHODS if self.route(m, parts, query))
@@ -1281,12 +1305,17 @@ EXPECT_CONTINUE = re.compile(rb"\nexpect[ \t]*:[ \t]*100-continue", re.IGNORECAS
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # to a client that sends its body only once told to go on
 HTTP_1_0 = re.compile(rb"[^\n]* HTTP/1\.0\r?\n")  # a request line of HTTP/1.0, which knows no 100 Continue
 MAX_HEAD = 65536  # bytes of a request's head (request line and headers): the main thread refuses a longer one (431)
+# bytes of a refused request's body (or of the rest of a head too long) that the main thread still receives and drops
+# after the refusal, so that a client sending them sees the reply: a connection closed with bytes unread is reset, and
+# a client still sending (urllib, which reads the reply only once the whole body is sent) sees the reset, not the reply
+MAX_DROPPED = 64 * 1024 * 1024
 
 
-def head_of(received):
-    """The request's head (request line and headers, and the blank line after them) once it has arrived, else None."""
-    ends = [at + len(blank) for blank in (b"\n\r\n", b"\n\n") if (at := received.find(blank)) >= 0]
-    return received[: min(ends)] if ends else None
+def end_of_head(received, start):
+    """Where the request's head (request line and headers, and the blank line after them) ends in what has been
+    received, or None if it has not all arrived. The blank line is looked for from `start` on."""
+    ends = [at + len(blank) for blank in (b"\n\r\n", b"\n\n") if (at := received.find(blank, start)) >= 0]
+    return min(ends) if ends else None
 
 
 def body_length(head):
@@ -1347,8 +1376,16 @@ class Waiting:
     address: tuple
     received: bytearray
     deadline: float  # time.monotonic() when it is closed if its request is not whole by then
+    # what has been learnt from `received` so far, so that each recv looks only at what it brought: a request that
+    # trickles in a byte per recv costs time in proportion to its length, not to its length squared
+    searched: int = 0  # where the search for the blank line after the head goes on from
+    head: Optional[bytes] = None  # the request's head, once it has arrived
+    body: int = 0  # then the length of its body (Content-Length)
+    expects_continue: bool = False  # and whether its client waits to be told to send the body (Expect: 100-continue)
     told_to_continue: bool = False  # said "100 Continue": its client sends the body now
-    refused: bool = False  # answered by the main thread (a head too long): what it sends is dropped until it closes
+    # refused and answered (a head too long, a body over a limit or that an error came before): this many more bytes
+    # it sends are dropped, then it is closed (or when its client closes it, or at its deadline)
+    to_drop: int = 0
 
 
 class Server(HTTPServer):
@@ -1359,7 +1396,9 @@ class Server(HTTPServer):
     request sent halfway) is closed. So however many connections sit idle or send slowly, a new client is answered
     at once, and waiting costs no CPU. A client that sends its body only once told to (Expect: 100-continue) is told
     by the main thread, which then waits for the body as for any; a head over MAX_HEAD is refused there too. A body
-    over `body_limit` is the worker's to read (or refuse), within `timeout` of taking the request."""
+    over `body_limit` is the worker's to read (or refuse), within `timeout` of taking the request. What a client
+    still sends of a refused request is received and dropped here (up to MAX_DROPPED bytes, within `timeout`), not by
+    a worker, before its connection is closed."""
 
     request_queue_size = 1024  # the listen backlog, for bursts of new connections (the default is 5)
 
@@ -1369,7 +1408,9 @@ class Server(HTTPServer):
         self.waiting = {}  # socket -> Waiting, in the order they began waiting: the first is the first to expire
         self.selector = selectors.DefaultSelector()
         self.requests = queue.SimpleQueue()  # (socket, address, bytes received, told to continue?) for the workers
-        self.given_back = queue.SimpleQueue()  # (socket, address, bytes not read) of keep-alive connections
+        # (socket, address, bytes not read, bytes to drop) of connections a worker is done with: keep-alive ones (0
+        # to drop), and refused ones whose client may still be sending (to drop: what is left of the refused body)
+        self.given_back = queue.SimpleQueue()
         self.wake_up, self.wake_up_sender = socket.socketpair()  # a worker's byte here wakes the main thread
         for _ in range(max_workers):
             threading.Thread(target=self.work, daemon=True).start()
@@ -1424,8 +1465,9 @@ class Server(HTTPServer):
         except OSError:  # reset by the client
             self.close(connection)
             return
-        if waiting.refused:  # answered already: what it sends is dropped, till it closes (or its deadline)
-            if not data:
+        if waiting.to_drop:  # answered already: what it sends is dropped, then it is closed
+            waiting.to_drop -= len(data)
+            if not data or waiting.to_drop <= 0:  # closed by the client, or all that it was to send has come
                 self.close(connection)
             return
         waiting.received += data
@@ -1441,14 +1483,22 @@ class Server(HTTPServer):
         clip's, or one to refuse, is the worker's to read); refuses a head over MAX_HEAD; tells a client that waits to
         be told (Expect: 100-continue) to send its body, which is then waited for here like the rest of any request."""
         waiting = self.waiting[connection]
-        head = head_of(waiting.received)
-        if len(waiting.received if head is None else head) > MAX_HEAD:
-            self.refuse_head(connection)
-        elif head is None:
-            return
-        elif (body := body_length(head)) > self.body_limit or len(waiting.received) - len(head) >= body:
+        if waiting.head is None:
+            end = end_of_head(waiting.received, waiting.searched)
+            if end is None and len(waiting.received) <= MAX_HEAD:
+                # not yet: the next search starts where this one stopped, less the bytes (up to 3, "\n\r\n") of a blank
+                # line whose end is still to come
+                waiting.searched = max(0, len(waiting.received) - 3)
+                return
+            if end is None or end > MAX_HEAD:
+                self.refuse_head(connection)
+                return
+            head = waiting.head = bytes(waiting.received[:end])
+            waiting.body = body_length(head)
+            waiting.expects_continue = bool(EXPECT_CONTINUE.search(head)) and not HTTP_1_0.match(head)
+        if waiting.body > self.body_limit or len(waiting.received) - len(waiting.head) >= waiting.body:
             self.hand_over(connection)
-        elif not waiting.told_to_continue and EXPECT_CONTINUE.search(head) and not HTTP_1_0.match(head):
+        elif waiting.expects_continue and not waiting.told_to_continue:
             self.tell_to_continue(connection)
 
     def tell_to_continue(self, connection):
@@ -1464,8 +1514,9 @@ class Server(HTTPServer):
 
     def refuse_head(self, connection):
         """Answers a request whose head is over MAX_HEAD, whole or not, with a JSON 431, here: no worker waits for the
-        rest of it. The connection is closed once the client closes it (or at its deadline), its bytes dropped till
-        then: closed with some of them unread, it would be reset, and the reset could discard the reply."""
+        rest of it. The connection is closed once the client closes it (or at its deadline, or after MAX_DROPPED
+        bytes), its bytes dropped till then: closed with some of them unread, it would be reset, and the reset could
+        discard the reply."""
         waiting = self.waiting[connection]
         message = f"request head (request line and headers) over {MAX_HEAD} bytes"
         body = json.dumps({"error": message}).encode()
@@ -1476,7 +1527,7 @@ class Server(HTTPServer):
         with contextlib.suppress(OSError):  # gone, or not reading: nothing more to tell it
             connection.send(reply)
             connection.shutdown(socket.SHUT_WR)  # the reply's end: the client's next read sees the connection close
-        waiting.received, waiting.refused = bytearray(), True
+        waiting.received, waiting.to_drop = bytearray(), MAX_DROPPED
         # as the standard library logs a request it refuses (and --quiet keeps)
         when = time.strftime("%d/%b/%Y %H:%M:%S")
         sys.stderr.write(f"{waiting.address[0]} - - [{when}] code 431, message {message}\n")
@@ -1503,10 +1554,21 @@ class Server(HTTPServer):
         self.wake_up.recv(4096)  # first: a connection given back after this sends another byte
         while True:
             try:
-                connection, address, unread = self.given_back.get_nowait()
+                connection, address, unread, to_drop = self.given_back.get_nowait()
             except queue.Empty:
                 return
-            self.wait_for_request(connection, address, unread)
+            if to_drop:
+                self.drop_then_close(connection, address, to_drop)
+            else:
+                self.wait_for_request(connection, address, unread)
+
+    def drop_then_close(self, connection, address, to_drop):
+        """Holds a refused connection, its reply sent, until its client has sent the rest of its request (`to_drop`
+        bytes, dropped as they come) or closes it, or its deadline."""
+        connection.setblocking(False)
+        deadline = time.monotonic() + self.request_timeout
+        self.waiting[connection] = Waiting(address, bytearray(), deadline, to_drop=to_drop)
+        self.selector.register(connection, selectors.EVENT_READ)
 
     def work(self):
         """A worker thread: answers requests, one at a time."""
@@ -1517,11 +1579,17 @@ class Server(HTTPServer):
             except Exception:
                 self.handle_error(connection, address)  # a traceback on stderr
                 handler = None
-            if handler is None or handler.close_connection:
-                self.shutdown_request(connection)
+            if handler is not None and handler.close_connection and handler.body_left_unread:
+                # a refused body that its client may still be sending: the main thread drops it, then closes
+                with contextlib.suppress(OSError):  # gone already: the main thread sees it closed
+                    connection.shutdown(socket.SHUT_WR)  # the reply's end: the client's next read sees the connection close
+                self.given_back.put((connection, address, b"", handler.body_left_unread))
+            elif handler is not None and not handler.close_connection:  # keep-alive: its next request is awaited
+                self.given_back.put((connection, address, handler.rfile.unread, 0))
             else:
-                self.given_back.put((connection, address, handler.rfile.unread))
-                self.wake_up_sender.send(b"\0")
+                self.shutdown_request(connection)
+                continue
+            self.wake_up_sender.send(b"\0")
 
     def server_close(self):
         super().server_close()

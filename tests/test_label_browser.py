@@ -344,3 +344,29 @@ def test_a_personal_link_labels_in_its_raters_name(label_server, clips, browser,
     press(browser, webdriver.Keys.ARROW_LEFT)
     wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the answer is recorded")
     assert answers_in_database(server.db) == [(pair["pair_id"], "alice", "left")]
+
+
+def test_another_sites_page_open_in_the_raters_browser_cannot_take_a_pair_in_an_invented_name(label_server, clips, browser):
+    server = label_server()
+    (pair,) = post_pairs(server, clips, 1)
+    # the same server under another name is another site to the browser: localhost is not 127.0.0.1
+    browser.get(f"http://localhost:{server.port}/healthz")
+    sent = browser.execute_async_script(
+        """
+        const [base, done] = arguments;
+        const image = (url) => new Promise((resolve) => {
+          const img = new Image(); img.onload = img.onerror = () => resolve("image"); img.src = url; });
+        Promise.all([
+          fetch(base + "/api/pairs/next?rater=mallory").then((r) => r.status, (e) => "fetch refused"),
+          fetch(base + "/api/pairs/next?rater=mallory2", {mode: "no-cors"}).then((r) => r.type, (e) => String(e)),
+          image(base + "/api/pairs/next?rater=mallory3"),
+          image(base + "/api/stats?rater=mallory4"),
+        ]).then(done);
+        """,
+        server.url,
+    )
+    assert sent[1:] == ["opaque", "image", "image"], sent  # the browser sent them all
+    log = server.log(until="/api/stats 403")
+    assert log.count("GET /api/pairs/next 403") == 3 and "GET /api/stats 403" in log, log
+    status, body = server.call("GET", "/api/pairs/next?rater=ann")
+    assert (status, body["pair_id"]) == (200, pair["pair_id"])  # no invented rater holds a lease on the one pair

@@ -812,6 +812,72 @@ def test_a_head_over_64_kib_is_refused_with_431_at_once(label_server):
     assert server.call("GET", "/healthz")[0] == 200
 
 
+def upload_clip(server, clip_id, data, token=None):
+    """A clip's PUT as the trainers send it (urllib: the whole body first, then the reply is read); its HTTP status.
+    A connection closed or reset while the body is being sent raises URLError (and fails the test)."""
+    request = urllib.request.Request(
+        f"{server.url}/api/clips/{clip_id}", data=data, method="PUT", headers={"Content-Type": "video/webm"}
+    )
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_clip_refused_before_its_body_is_read_gets_its_reply_while_still_being_sent(label_server):
+    server = label_server("--max-clip-bytes", 100000, "--max-workers", 1, "--quiet", token="s3cret")
+    # more than the two sockets' buffers hold: the client is still sending when the server answers
+    big = CLIP + b"\0" * 20_000_000
+    status, reply = upload_clip(server, "big", big, token="s3cret")
+    assert status == 413 and "over the limit of 100000" in reply["error"], reply
+    status, reply = upload_clip(server, "big", big, token="wrong")  # refused before its length is even looked at
+    assert status == 401 and "Bearer" in reply["error"], reply
+    # what is left of those bodies is dropped by the main thread: the one worker answers at once
+    started = time.monotonic()
+    assert server.call("GET", "/healthz")[1]["clips"] == 0
+    assert time.monotonic() - started < 2
+
+
+def padded_request(head_bytes, body_bytes):
+    """A POST whose head (X-Pad headers added) is `head_bytes` long, and its body `body_bytes`."""
+    head = b"POST /api/labels HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % body_bytes
+    while len(head) < head_bytes - 2:
+        head += b"X-Pad: " + b"a" * min(40, head_bytes - len(head) - 11) + b"\r\n"
+    return head + b"\r\n" + b" " * body_bytes
+
+
+def cpu_to_receive_byte_by_byte(server, request, times):
+    """CPU seconds (this process's) that `server`'s main-thread code takes to receive `request` `times` times, a byte
+    per recv, until it hands the request to a worker."""
+    started = time.process_time()
+    for _ in range(times):
+        client, connection = socket.socketpair()  # a byte sent on it is there to receive at once: one byte per recv
+        with client, connection:
+            server.wait_for_request(connection, ("client", 0), b"")
+            for at in range(len(request)):
+                client.send(request[at : at + 1])
+                server.receive(connection)
+            assert connection not in server.waiting  # whole: handed over
+    return time.process_time() - started
+
+
+def test_a_request_trickled_byte_by_byte_costs_the_main_thread_time_in_proportion_to_its_length():
+    # the server's main thread, in this process, without workers (nothing is answered), driven one recv at a time: the
+    # same number of bytes and of recvs, in one long request or in 60 short ones, must cost about the same CPU. Seen
+    # failing when every recv searched all that had arrived for the end of the head: 11 times as much (2.5 s, 0.22 s)
+    server = ls.Server(("127.0.0.1", 0), None, 0, 60, 65536)
+    try:
+        for head_bytes, body_bytes in [(60000, 0), (30000, 30000)]:  # up to MAX_HEAD, and a body after a long head
+            short = cpu_to_receive_byte_by_byte(server, padded_request(head_bytes // 60, body_bytes // 60), 60)
+            long = cpu_to_receive_byte_by_byte(server, padded_request(head_bytes, body_bytes), 1)
+            assert long < 3 * short, f"{head_bytes} + {body_bytes} bytes: {long:.2f} s of CPU, 60 times 1/60: {short:.2f} s"
+    finally:
+        server.server_close()
+
+
 def deep_pair(pair_id, lists):
     """A pair's JSON body whose metadata holds `lists` arrays nested in each other: the body nests 2 + `lists` deep."""
     pair = b'{"experiment": "exp", "pair_id": "%s", "left_clip": "c-l", "right_clip": "c-r", "metadata": {"m": ' % pair_id
@@ -873,6 +939,26 @@ def test_other_web_pages_open_in_the_raters_browser_can_neither_write_nor_read(l
     assert server.call("GET", "/", headers={"Host": f"localhost:{server.port}"})[0] == 200
     assert server.call("POST", "/api/labels", vote, headers={"Origin": server.url})[0] == 201
     assert server.call("GET", "/healthz")[1]["answers"] == 1
+
+
+def test_other_web_pages_can_neither_take_a_pair_in_a_raters_browser_nor_read_their_stats(label_server):
+    server = label_server()
+    post_pair(server, "p1")
+    # a fetch from another page carries its Origin; an image, a link, a GET form or a fetch in no-cors mode carry none,
+    # but browsers say on every request whose page sent it (Sec-Fetch-Site)
+    foreign = [{"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"}]
+    foreign.append({"Sec-Fetch-Site": "same-site"})  # another port of the same machine, or a sibling subdomain
+    for headers in foreign:
+        for path in ("/api/pairs/next?rater=mallory", "/api/stats?rater=mallory", "/api/labels?experiment=exp"):
+            status, reply = server.call("GET", path, headers=headers)
+            assert status == 403 and "another site" in reply["error"], (path, headers, status, reply)
+    assert next_pair(server, "ann")["pair_id"] == "p1"  # mallory holds no lease on the one pair
+    # the rater page's own requests, and a person typing an address (Sec-Fetch-Site: none), go on
+    own = {"Origin": server.url, "Sec-Fetch-Site": "same-origin"}
+    assert server.call("GET", "/api/stats?rater=ann", headers=own)[1]["answered"] == 0
+    assert server.call("GET", "/api/pairs/next?rater=ann", headers={"Sec-Fetch-Site": "none"})[1]["pair_id"] == "p1"
+    # clips stay embeddable in other pages (a crowd platform's task shows them by their URLs)
+    assert server.call("GET", "/clips/p1-l", headers={"Sec-Fetch-Site": "cross-site"})[0] == 200
 
 
 def test_a_trainer_closes_its_experiment_and_its_pairs_are_no_longer_served(label_server, tmp_path):
@@ -988,6 +1074,50 @@ def test_the_admin_summary_shows_queues_golden_accuracy_and_agreement(label_serv
     }
     assert (raters["bob"]["golden_accuracy"], raters["bob"]["agreement"]) == (0.0, 0.333)
     assert summary["agreement"] == 0.333
+
+
+def test_the_admin_summary_gives_each_experiment_its_own_answers_agreement_and_golden_accuracy(label_server):
+    server = label_server("--overlap", 2, token="s3cret")
+    post_pair(server, "ga", experiment="a", golden="left")
+    post_pair(server, "a1", experiment="a")
+    post_pair(server, "a2", experiment="a")
+    post_pair(server, "gb", experiment="b", golden="right")
+    post_pair(server, "b1", experiment="b")
+    post_pair(server, "c1", experiment="c")  # no answers yet
+    # in a, ann and bob answer the golden pair right and agree on two pairs of three; in b, ann answers the golden pair
+    # wrong and disagrees with everyone, cid answers only the golden pair
+    for pair_id, rater, choice in [
+        ("ga", "ann", "left"), ("ga", "bob", "left"), ("a1", "ann", "left"), ("a1", "bob", "left"),
+        ("a2", "ann", "left"), ("a2", "bob", "right"),
+        ("gb", "ann", "left"), ("gb", "bob", "right"), ("gb", "cid", "right"), ("b1", "ann", "right"), ("b1", "bob", "left"),
+    ]:  # fmt: skip
+        assert answer(server, pair_id, rater, choice)[0] == 201
+    summary = server.call("GET", "/api/admin")[1]
+    experiments = {e["experiment"]: e for e in summary["experiments"]}
+
+    keys = ("answers", "golden_answered", "golden_accuracy", "agreement")
+
+    def figures(*values):
+        return dict(zip(keys, values))
+
+    # per experiment: its answers, golden accuracy and agreement (the share of other raters' answers to the same pairs
+    # that are the same), all raters together and each rater's
+    a, b, c = experiments["a"], experiments["b"], experiments["c"]
+    assert {k: a[k] for k in keys} == figures(6, 2, 1.0, 0.667)
+    assert a["raters"] == [{"rater": "ann", **figures(3, 1, 1.0, 0.667)}, {"rater": "bob", **figures(3, 1, 1.0, 0.667)}]
+    assert {k: b[k] for k in keys} == figures(5, 3, 0.667, 0.25)  # 2 of 8 answers compared agree
+    assert b["raters"] == [
+        {"rater": "ann", **figures(2, 1, 0.0, 0.0)},
+        {"rater": "bob", **figures(2, 1, 1.0, 0.333)},
+        {"rater": "cid", **figures(1, 1, 1.0, 0.5)},
+    ]
+    assert ({k: c[k] for k in keys}, c["raters"]) == (figures(0, 0, None, None), [])
+    # and the totals over every experiment, as before
+    raters = {r["rater"]: r for r in summary["raters"]}
+    assert raters["ann"] == {"rater": "ann", **figures(5, 2, 0.5, 0.333), "excluded": False}
+    assert raters["bob"] == {"rater": "bob", **figures(5, 2, 1.0, 0.5), "excluded": False}
+    assert raters["cid"] == {"rater": "cid", **figures(1, 1, 1.0, 0.5), "excluded": False}
+    assert (summary["agreement"], summary["golden_accuracy"]) == (0.429, 0.8)  # 6 of 14; 4 of 5
 
 
 def test_answers_labels_and_open_pairs_export_as_json_lines_csv_and_a_crowd_task_file(label_server):
