@@ -636,8 +636,10 @@ class SyntheticTeacher:
 # the joint positions without the x position (qpos[1:]) followed by the joint velocities (qvel).
 def backflip_steps(segments):
     """Hopper: rotating backwards (the torso's angle decreasing; it increases when the torso leans forward) with the
-    torso off the ground (above 0.7 m), so a roll on the ground earns nothing. Needs
-    --env-kwargs '{"terminate_when_unhealthy": false}': the task ends an episode when the torso tilts."""
+    torso off the ground (above 0.7 m), so a roll on the ground earns nothing. Needs a task that lets the torso turn
+    over: --env-kwargs '{"healthy_angle_range": [-1000, 1000]}' (a fall below 0.7 m still ends the episode). With
+    '{"terminate_when_unhealthy": false}' instead, an agent learned to rock: backwards while high, forwards while low
+    (benchmark/notes/behaviours_issue23.md)."""
     height, angular_velocity = segments["obs"][..., 0], segments["obs"][..., 7]
     return -angular_velocity * (height > 0.7) * segments["mask"]
 
