@@ -104,7 +104,7 @@ class Args:
     preference_db: Optional[str] = None
     """with --offline: the SQLite preference database (default `runs/{run_name}/preferences.sqlite`); pairs already in
     it are reused and only the missing ones are labelled"""
-    labels: int = 500
+    labels: int = 1000
     """total number of preference labels to query over the run (a pair the teacher skips is no label: another is
     asked in its place)"""
     segment_len: int = 10
