@@ -742,6 +742,29 @@ def test_out_of_descriptors_the_oldest_waiting_connection_makes_room_and_the_ser
             sock.close()
 
 
+def test_a_burst_of_new_connections_waits_in_the_listen_backlog_while_the_server_is_busy(label_server):
+    # the server stopped (as if busy) while 300 clients connect: the kernel completes each connection into the listen
+    # backlog (1,024; Python's default of 5 would leave all but about 6 hanging); once the server goes on, all are served
+    server = label_server()
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    burst = []
+    try:
+        for _ in range(300):
+            burst.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        for sock in burst:
+            sock.settimeout(10)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        replies = [sock.recv(65536) for sock in burst]
+        assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies)
+    finally:
+        for sock in burst:
+            sock.close()
+
+
 def test_a_body_awaited_after_100_continue_holds_no_worker_and_is_cut_off_after_the_timeout(label_server):
     server = label_server("--max-workers", 2, "--timeout", 2)
     post_pair(server, "p1")
