@@ -25,7 +25,7 @@ grid is complete; finished runs are skipped.
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
 
 `slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run); each task runs
-`sweep.py task GRID --index I`. Shortly before the time limit (--signal-seconds, 120) Slurm signals the task, which
+`sweep.py task {out}/slurm_grid.json --index I`, a copy of the grid taken at submission. Shortly before the time limit (--signal-seconds, 120) Slurm signals the task, which
 stops its run (it saves a checkpoint) and requeues itself (`scontrol requeue`), so a run longer than the limit goes
 on where it stopped; submitting the same command again also resumes what is left. Run `report` once the array is done.
 `--out` (default benchmark/sweeps/{grid name}) sets where the runs go.
@@ -201,7 +201,10 @@ def submit_slurm(grid, sweep_dir, options):
         print("every run is done: nothing to submit")
         return None
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    task = [sys.executable, str(Path(__file__).resolve()), "task", str(Path(grid["path"]).resolve())]
+    # the tasks read a copy: an edit of the grid file while the array waits in the queue changes no task's run
+    frozen = sweep_dir / "slurm_grid.json"
+    frozen.write_text(Path(grid["path"]).read_text())
+    task = [sys.executable, str(Path(__file__).resolve()), "task", str(frozen.resolve())]
     task += ["--out", str(sweep_dir.resolve()), "--requeue-on-signal"]
     lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{sweep_dir.name}", f"#SBATCH --array={index_ranges(todo)}"]
     lines += [f"#SBATCH --cpus-per-task={options.cpus_per_task}", f"#SBATCH --mem={options.mem}"]

@@ -140,6 +140,9 @@ def test_a_slurm_dry_run_writes_an_array_of_the_runs_not_done(tmp_path):
         assert f"#SBATCH {line}\n" in batch
     assert batch.rstrip().splitlines()[-1].startswith("exec ")
     assert batch.rstrip().endswith('--requeue-on-signal --index "$SLURM_ARRAY_TASK_ID"')
+    # the tasks read a copy of the grid taken at submission, so an edit of the grid meanwhile moves no index
+    assert f"task {out / 'slurm_grid.json'} " in batch
+    assert json.loads((out / "slurm_grid.json").read_text()) == json.loads(grid.read_text())
 
 
 # --- a one-node Slurm cluster of the test's own: munge, slurmctld and slurmd on free ports, files in tmp_path -------
