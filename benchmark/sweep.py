@@ -20,6 +20,7 @@ with the script's --resume; one that left no checkpoint starts again. So the sam
 grid is complete; finished runs are skipped.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
+    python benchmark/sweep.py local GRID --envs Reacher-v4      # a batch: only these envs' runs (also for slurm)
     python benchmark/sweep.py slurm GRID [--cpus-per-task 1 --mem 4G --time 12:00:00 --partition P]
     python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
@@ -153,10 +154,15 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
 
 
 # --- commands ---------------------------------------------------------------------------------------------------------
-def run_local(grid, sweep_dir, workers):
-    """Every run not done, `workers` at a time, each as a `task` process (Ctrl-C stops them all; they save)."""
-    todo = [i for i, run in enumerate(grid["runs"]) if run_state(sweep_dir / run["name"]) != "done"]
-    print(f"{len(grid['runs']) - len(todo)} of {len(grid['runs'])} runs done; running {len(todo)}, {workers} at a time")
+def not_done(grid, sweep_dir, indices):
+    return [i for i in indices if run_state(sweep_dir / grid["runs"][i]["name"]) != "done"]
+
+
+def run_local(grid, sweep_dir, workers, indices):
+    """The runs at `indices` not done, `workers` at a time, each as a `task` process (Ctrl-C stops them all; they
+    save)."""
+    todo = not_done(grid, sweep_dir, indices)
+    print(f"{len(indices) - len(todo)} of {len(indices)} runs done; running {len(todo)}, {workers} at a time")
     running = {}
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum) or signal.raise_signal(signal.SIGINT))
@@ -194,9 +200,9 @@ def index_ranges(indices):
     return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
 
 
-def submit_slurm(grid, sweep_dir, options):
-    """One array task per run not done; returns the job id (None with --dry-run)."""
-    todo = [i for i, run in enumerate(grid["runs"]) if run_state(sweep_dir / run["name"]) != "done"]
+def submit_slurm(grid, sweep_dir, options, indices):
+    """One array task per run at `indices` not done; returns the job id (None with --dry-run)."""
+    todo = not_done(grid, sweep_dir, indices)
     if not todo:
         print("every run is done: nothing to submit")
         return None
@@ -336,6 +342,8 @@ def main():
         command = commands.add_parser(name)
         command.add_argument("grid", help="the grid's JSON file (benchmark/grids/*.json)")
         command.add_argument("--out", default=None, help="the sweep's folder (default benchmark/sweeps/{grid name})")
+        if name in ("local", "slurm"):
+            command.add_argument("--envs", nargs="+", default=None, help="only the runs of these envs (a batch)")
         if name == "local":
             command.add_argument("--workers", type=int, default=os.cpu_count(), help="runs at once (default: cores)")
         if name == "slurm":
@@ -354,12 +362,17 @@ def main():
         parser.error("--workers must be at least 1")
     grid = load_grid(options.grid)
     grid["path"] = options.grid
+    if getattr(options, "envs", None):
+        unknown = sorted(set(options.envs) - set(grid["envs"]))
+        if unknown:
+            parser.error(f"--envs {' '.join(unknown)}: not in the grid ({', '.join(grid['envs'])})")
+    batch = [i for i, run in enumerate(grid["runs"]) if not getattr(options, "envs", None) or run["env"] in options.envs]
     sweep_dir = sweep_folder(options.grid, options.out)
     if options.command == "local":
-        if run_local(grid, sweep_dir, options.workers):
+        if run_local(grid, sweep_dir, options.workers, batch):
             write_report(grid, sweep_dir)
     elif options.command == "slurm":
-        submit_slurm(grid, sweep_dir, options)
+        submit_slurm(grid, sweep_dir, options, batch)
     elif options.command == "report":
         write_report(grid, sweep_dir)
     elif options.command == "status":

@@ -276,3 +276,12 @@ def test_a_task_stopped_before_its_time_limit_requeues_itself_and_resumes(tmp_pa
     stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
     assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
     assert int(re.search(r"^step (\d+),", second, re.M)[1]) == stopped_at + 1024  # 8 envs x 128 steps on from there
+
+
+def test_a_batch_of_the_grid_keeps_each_runs_place_in_it(tmp_path):
+    grid, out = write_grid(tmp_path, envs={"position": {}, "pixels": {}}), tmp_path / "out"
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--envs", "pixels")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=2-3\n" in (out / "slurm_array.sh").read_text()  # position: runs 0-1, pixels: 2-3
+    wrong = sweep("local", grid, "--out", out, "--envs", "Hopper-v4")
+    assert wrong.returncode != 0 and "--envs Hopper-v4: not in the grid (position, pixels)" in wrong.stderr
