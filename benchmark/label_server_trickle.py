@@ -12,31 +12,15 @@ before and after, and a probe times GET /healthz on a fresh connection halfway t
 """
 
 import argparse
-import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-
-def start_server(server, db):
-    command = [sys.executable, server, "--port", "0", "--db", db, "--quiet"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    first = process.stdout.readline()  # "label server on http://127.0.0.1:PORT/ (database ...)"
-    if not first.startswith("label server on "):
-        process.kill()
-        raise SystemExit(f"the server did not start: {first}")
-    return process, int(first.split()[3].rstrip("/").rsplit(":", 1)[1])
-
-
-def cpu_seconds(pid):
-    """User + system CPU time the process has used so far (/proc/PID/stat, fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()  # after "(name)", which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from label_server_idle import cpu_seconds, start_server  # noqa: E402
 
 
 def trickle(port, head_bytes, pause, replies, index):
@@ -68,7 +52,7 @@ def main():
     parser.add_argument("--pause", type=float, default=0.0001, help="seconds between two sends of one client")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        process, port = start_server(args.server, str(Path(folder) / "labels.sqlite"))
+        process, port = start_server(args.server, str(Path(folder) / "labels.sqlite"), [])
         try:
             replies = [None] * args.clients
             clients = [
