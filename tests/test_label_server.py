@@ -324,7 +324,7 @@ def test_kill_9_and_restart_lose_nothing_acknowledged(label_server, tmp_path):
                 if answer(server, f"p{i}", "ann", "left")[0] != 201:
                     return
                 acknowledged["answers"].append(f"p{i}")
-            except OSError:  # connection refused or reset: the server is gone
+            except (OSError, http.client.HTTPException):  # refused, reset, or a reply cut off: the server is gone
                 return
             i += 1
 
