@@ -272,6 +272,16 @@ def on_common_steps(runs):
     return steps, np.array([[dict(zip(s.tolist(), r))[step] for step in steps] for s, r in runs])
 
 
+def ratio_to_true(final, true_final, start):
+    """A run's final return over the true-reward runs'; where that is negative (Reacher), a plain ratio would call a
+    worse return better, so the ratio counts from `start`, the returns the runs began with."""
+    if true_final is None:
+        return None
+    if true_final > 0:
+        return final / true_final
+    return (final - start) / (true_final - start) if true_final != start else None
+
+
 def mode_order(mode):
     return -1 if mode == "true" else int(mode[len("labels") :])
 
@@ -296,8 +306,10 @@ def write_report(grid, sweep_dir):
         "| env | steps | feedback | seeds (done) | final true return, mean ± std | ratio to true reward | C17's claim |",
         "|---|---|---|---|---|---|---|",
     ]
+    from_start = []  # envs whose ratio counts from the start (negative returns)
     for axis, env in zip(axes.flat, envs):
         true_final = None
+        start = np.mean([returns[0] for runs in found[env].values() for _, returns in runs])
         for mode in sorted(found[env], key=mode_order):
             steps, returns = on_common_steps(found[env][mode])
             mean, std = returns.mean(0), returns.std(0)
@@ -312,7 +324,7 @@ def write_report(grid, sweep_dir):
             )
             if mode == "true":
                 true_final = final.mean()
-            ratio = final.mean() / true_final if true_final not in (None, 0) and mode != "true" else None
+            ratio = None if mode == "true" else ratio_to_true(final.mean(), true_final, start)
             claim = C17_CLAIM.get(mode_order(mode))
             verdict = "" if claim is None or ratio is None else f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}"
             table.append(
@@ -320,6 +332,8 @@ def write_report(grid, sweep_dir):
                 f"{fmt(final.mean())} ± {fmt(final.std())} | {'' if ratio is None else f'{ratio:.2f}'} | "
                 f"{verdict} |"
             )
+        if true_final is not None and true_final <= 0:
+            from_start.append(f"{env} (start {fmt(start)})")
         axis.set_title(env)
         axis.set_xlabel("steps")
         axis.set_ylabel("true return")
@@ -329,6 +343,12 @@ def write_report(grid, sweep_dir):
     figure.tight_layout()
     figure.savefig(sweep_dir / "figure.png", dpi=100)
     plt.close(figure)
+    if from_start:
+        table += [
+            "",
+            "The true-reward return is negative on " + ", ".join(from_start) + ": there the ratio is (R - start) /"
+            " (true - start), start the mean first logged return of the env's runs (the untrained policy).",
+        ]
     (sweep_dir / "table.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     print(f"figure: {sweep_dir / 'figure.png'}, table: {sweep_dir / 'table.md'}")

@@ -285,3 +285,18 @@ def test_a_batch_of_the_grid_keeps_each_runs_place_in_it(tmp_path):
     assert "#SBATCH --array=2-3\n" in (out / "slurm_array.sh").read_text()  # position: runs 0-1, pixels: 2-3
     wrong = sweep("local", grid, "--out", out, "--envs", "Hopper-v4")
     assert wrong.returncode != 0 and "--envs Hopper-v4: not in the grid (position, pixels)" in wrong.stderr
+
+
+def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_the_start(tmp_path):
+    # Reacher's returns are negative: an RLHF run at -8 against a true-reward run at -4 is worse, not 2x better. The
+    # ratio then counts from where the runs started (the first logged returns): (-8 - -40) / (-4 - -40) = 0.89
+    grid = write_grid(tmp_path, envs={"Reacher-v5": {}}, feedback=["true", 350], script="rlhf_ppo_mujoco.py")
+    out = tmp_path / "out"
+    for name, returns in (("Reacher-v5__true__1", (-40, -10, -4)), ("Reacher-v5__labels350__1", (-40, -20, -8))):
+        (out / name).mkdir(parents=True)
+        lines = [f"step {1000 * (i + 1)}, SPS 100, true return {value:.1f}" for i, value in enumerate(returns)]
+        (out / name / "run.log").write_text("\n".join(lines) + "\n")
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0, result.stderr
+    table = (out / "table.md").read_text()
+    assert re.search(r"\| 350 labels \| 1 \(0\) \| -8\.0 ± 0\.0 \| 0\.89 \| 0\.90: not met \|", table), table
