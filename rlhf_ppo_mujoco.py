@@ -129,6 +129,8 @@ class Args:
     """number of reward predictors in the ensemble (C17: 3)"""
     reward_lr: float = 3e-4
     """learning rate of the reward model (Adam)"""
+    reward_input_norm: bool = True
+    """standardise the reward model's inputs by the pretraining labels' observations (C17 feeds them raw)"""
     reward_batch_size: int = 64
     """preference pairs per reward-model gradient step"""
     reward_updates: int = 16
@@ -435,6 +437,11 @@ class RewardEnsemble(nn.Module):
             self.weights.append(nn.Parameter(torch.empty(size, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(size, 1, fan_out).uniform_(-bound, bound)))
         self.absorbing_reward = nn.Parameter(torch.zeros(size))
+        # the observations standardised (fit_input_normalization; until then as they are): velocities of size 10 would
+        # otherwise drown entries of size 0.1 that carry the reward (Reacher's distance to the target)
+        self.register_buffer("input_mean", torch.zeros(obs_dim))
+        self.register_buffer("input_std", torch.ones(obs_dim))
+        self.register_buffer("input_clip", torch.tensor(math.inf))
         # C17 2.2.1: each member normalised separately, the average scaled to zero mean and a fixed std (fit_normalization)
         self.register_buffer("member_mean", torch.zeros(size))
         self.register_buffer("member_std", torch.ones(size))
@@ -444,6 +451,7 @@ class RewardEnsemble(nn.Module):
 
     def forward(self, obs, act):
         """Raw reward of each member: (..., obs_dim), (..., act_dim) -> (size, ...)."""
+        obs = ((obs - self.input_mean) / self.input_std).clamp(-self.input_clip, self.input_clip)
         x = torch.cat([obs, act], -1)
         lead = x.shape[:-1]
         x = x.reshape(1, -1, x.shape[-1]).expand(self.size, -1, -1)
@@ -465,6 +473,15 @@ class RewardEnsemble(nn.Module):
     def l2_penalty(self):
         """Sum of squared weights of each member: (size,)."""
         return sum((w**2).sum((1, 2)) for w in self.weights)
+
+    @torch.no_grad()
+    def fit_input_normalization(self, obs):
+        """Standardise observations (n, obs_dim) by these ones' mean and std from now on, clipped to +-10 as PPO's
+        are; an entry that did not vary keeps its scale."""
+        std = obs.std(0)
+        self.input_mean.copy_(obs.mean(0))
+        self.input_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
+        self.input_clip.fill_(10.0)
 
     @torch.no_grad()
     def fit_normalization(self, raw, target_std=1.0):
@@ -910,8 +927,9 @@ class RewardModelTraining:
         }
 
     def load_state_dict(self, state):
-        self.training_ensemble.load_state_dict(state["reward_ensemble"])
-        self.ensemble.load_state_dict(state["reward_ensemble"])
+        weights = self.training_ensemble.state_dict() | state["reward_ensemble"]  # older checkpoints: raw inputs
+        self.training_ensemble.load_state_dict(weights)
+        self.ensemble.load_state_dict(weights)
         self.optimizer.load_state_dict(state["reward_optimizer"])
         self.l2_coef = state["l2_coef"]
         if "fits" in state:  # checkpoints from before exact resumption have no counters
@@ -919,7 +937,11 @@ class RewardModelTraining:
 
 
 def pretrain_reward_model(reward_training, buffer, args, rng):
-    """C17 A.1: --pretrain-epochs passes over the pretraining labels before RL starts, then a validation pass."""
+    """C17 A.1: --pretrain-epochs passes over the pretraining labels before RL starts, then a validation pass. First
+    the model's inputs are standardised by the observations of the pretraining labels (--reward-input-norm)."""
+    if args.reward_input_norm:
+        _, _, labels = buffer.get()
+        reward_training.training_ensemble.fit_input_normalization(labels["obs"][labels["mask"] > 0])
     epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
     reward_training.train(buffer, args.pretrain_epochs, epoch_steps, args, rng, validate_at_end=True)
     print(
