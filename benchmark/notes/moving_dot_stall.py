@@ -45,14 +45,13 @@ def episode_returns(action_probs, true, learned, next_state, steps=2000, episode
 
 def main(run_dir):
     checkpoint = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=False)
-    ensemble = dot.RewardEnsemble((2,), len(dot.MOVES), checkpoint["args"]["ensemble_size"])
-    ensemble.load_state_dict(checkpoint["reward_ensemble"])
-    agent = dot.Agent((2,), len(dot.MOVES))
-    agent.load_state_dict(checkpoint["agent"])
-
     rows, cols = np.meshgrid(np.arange(dot.LOW[0], dot.HIGH[0] + 1), np.arange(dot.LOW[1], dot.HIGH[1] + 1), indexing="ij")
     positions = np.stack([rows, cols], -1).reshape(-1, 2)
-    obs = torch.as_tensor(dot.observe(positions, "position"))
+    obs = torch.as_tensor(dot.observe(positions, checkpoint["args"].get("observation", "position")))
+    ensemble = dot.RewardEnsemble(tuple(obs.shape[1:]), len(dot.MOVES), checkpoint["args"]["ensemble_size"])
+    ensemble.load_state_dict(checkpoint["reward_ensemble"])
+    agent = dot.Agent(tuple(obs.shape[1:]), len(dot.MOVES))
+    agent.load_state_dict(checkpoint["agent"])
     distance = np.linalg.norm(positions - dot.CENTRE, axis=1)
     true, learned = np.zeros((len(positions), len(dot.MOVES))), np.zeros((len(positions), len(dot.MOVES)))
     next_state = np.zeros((len(positions), len(dot.MOVES)), np.int64)
@@ -63,7 +62,7 @@ def main(run_dir):
         true[:, action] = np.sign(distance - np.linalg.norm(after - dot.CENTRE, axis=1))
         learned[:, action] = ensemble.normalized_reward(obs, torch.full((len(positions),), action)).numpy()
     with torch.no_grad():
-        probs = torch.softmax(agent.actor(agent.network(obs)), -1).numpy()
+        probs = torch.softmax(agent.actor(agent.network(dot.as_input(obs))), -1).numpy()
 
     best_learned = learned.argmax(1)
     print(f"{run_dir}: step {checkpoint['global_step']}")
