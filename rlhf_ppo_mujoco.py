@@ -1417,6 +1417,7 @@ if __name__ == "__main__":
     if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
         watch = ("capture_video", "video_format", "video_seconds")
         command_line = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes") + watch}
+        checkpoint["args"].setdefault("reward_input_norm", False)  # saved before the flag: its reward model reads raw inputs
         args = Args(**{**checkpoint["args"], **command_line})
     if args.eval_only:
         if checkpoint is None:

@@ -279,7 +279,7 @@ def ratio_to_true(final, true_final, start):
         return None
     if true_final > 0:
         return final / true_final
-    return (final - start) / (true_final - start) if true_final != start else None
+    return (final - start) / (true_final - start) if true_final > start else None  # no progress to measure against
 
 
 def mode_order(mode):
@@ -346,7 +346,7 @@ def write_report(grid, sweep_dir):
     if from_start:
         table += [
             "",
-            "The true-reward return is negative on " + ", ".join(from_start) + ": there the ratio is (R - start) /"
+            "The true-reward return is not positive on " + ", ".join(from_start) + ": there the ratio is (R - start) /"
             " (true - start), start the mean first logged return of the env's runs (the untrained policy).",
         ]
     (sweep_dir / "table.md").write_text("\n".join(table) + "\n")

@@ -235,3 +235,23 @@ def test_capture_video_writes_playable_clips(tmp_path):
     frames = imageio.mimread(videos[0])
     assert frames[0].shape == (160, 160, 3) and len(frames) >= 2
     assert np.std(frames[0]) > 1  # a rendered scene, not a blank frame
+
+
+def test_a_checkpoint_from_before_reward_input_norm_resumes_with_raw_reward_inputs(tmp_path):
+    # checkpoints written before --reward-input-norm have neither the flag nor the input statistics: such a run goes
+    # on reading raw observations, and says so in its settings
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --save-model"
+    out, err = interrupt_run(tmp_path, args, "step ")
+    run_dir = only_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    del checkpoint["args"]["reward_input_norm"]
+    for key in ("input_mean", "input_std", "input_clip"):
+        del checkpoint["reward_ensemble"][key]
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+
+    result = run_script(tmp_path, f"--resume {run_dir}", timeout=600)
+    assert result.returncode == 0, result.stderr
+    resumed = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert resumed["global_step"] == 8192 and resumed["args"]["reward_input_norm"] is False
+    assert torch.equal(resumed["reward_ensemble"]["input_mean"], torch.zeros(11))
+    assert torch.equal(resumed["reward_ensemble"]["input_std"], torch.ones(11))

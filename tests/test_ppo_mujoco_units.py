@@ -700,3 +700,17 @@ def test_gif_frames_play_in_real_time_at_about_15_per_second(fps):
     if fps != 67:  # GIF stores whole hundredths of a second: these rates have a stride that fits
         assert frame_ms % 10 == 0
     assert 7 <= fps / stride <= 20
+
+
+@pytest.mark.parametrize("input_norm", [True, False])
+def test_pretraining_standardises_the_reward_inputs_by_the_labelled_steps_only(rng, input_norm):
+    buffer = fill_buffer(rng, 40, terminations=True)
+    mask = buffer.data["mask"][:40]
+    buffer.data["obs"][:40] = (buffer.data["obs"][:40] * 3 + 5) * mask[..., None]  # absorbing steps stay 0
+    training = rl.RewardModelTraining(rl.RewardEnsemble(3, 1), 1e-3)
+    rl.pretrain_reward_model(training, buffer, rl.Args(pretrain_epochs=1, reward_input_norm=input_norm), rng)
+    real = torch.as_tensor(buffer.data["obs"][:40][mask > 0])
+    expected_mean, expected_std = (real.mean(0), real.std(0)) if input_norm else (torch.zeros(3), torch.ones(3))
+    for ensemble in (training.ensemble, training.training_ensemble):  # PPO's copy takes them too
+        torch.testing.assert_close(ensemble.input_mean, expected_mean)
+        torch.testing.assert_close(ensemble.input_std, expected_std)

@@ -300,3 +300,13 @@ def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_th
     assert result.returncode == 0, result.stderr
     table = (out / "table.md").read_text()
     assert re.search(r"\| 350 labels \| 1 \(0\) \| -8\.0 ± 0\.0 \| 0\.89 \| 0\.90: not met \|", table), table
+
+
+def test_no_ratio_is_given_where_the_true_reward_runs_ended_below_their_start():
+    # counted from the start, a baseline that got worse would turn a still worse run into a ratio above 1
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from sweep import ratio_to_true
+
+    assert ratio_to_true(-40.0, -20.0, -10.0) is None
+    assert ratio_to_true(-8.0, -4.0, -40.0) == pytest.approx(32 / 36)
+    assert ratio_to_true(900.0, 1000.0, -50.0) == pytest.approx(0.9)

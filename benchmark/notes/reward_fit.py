@@ -1,7 +1,8 @@
 """How well the reward ensemble of rlhf_ppo_mujoco.py fits a task's preferences, offline: labels from the synthetic
 teacher on segments of a random policy, fitted as in pretraining (the script's own functions), then scored on fresh
-pairs from another random rollout. `--inputs standardized` feeds the model observations standardised by the training
-rollout's mean and std instead of raw ones (the script feeds raw ones).
+pairs from another random rollout. `--inputs raw` feeds the model raw observations (the script's
+--no-reward-input-norm); `--inputs standardized` standardises them by the training rollout's mean and std (the script,
+by default, uses the pretraining labels' steps, and clips to +-10).
 
     python benchmark/notes/reward_fit.py --env Reacher-v5 --env-kwargs '{"reward_control_weight": 0}' --segment-len 15
 """
