@@ -130,7 +130,7 @@ class Args:
     reward_lr: float = 3e-4
     """learning rate of the reward model (Adam)"""
     reward_input_norm: bool = True
-    """standardise the reward model's inputs by the pretraining labels' observations (C17 feeds them raw)"""
+    """standardise the reward model's inputs by the pretraining labels' observations (C17 does not say; rl-teacher feeds them raw)"""
     reward_batch_size: int = 64
     """preference pairs per reward-model gradient step"""
     reward_updates: int = 16

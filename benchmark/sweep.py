@@ -10,7 +10,7 @@ A grid is a JSON file (benchmark/grids/*.json):
      "flags": "",                               # more flags for every run
      "env_flag": "--env",                       # how the script takes the env (the moving dot: "--observation")
      "envs": {"Hopper-v4": {"seeds": [1, 2, 3, 4, 5]},            # each may override seeds, steps, flags
-              "Reacher-v4": {"steps": 300000, "flags": "--segment-len 25"}}}
+              "Reacher-v5": {"steps": 300000, "flags": "--segment-len 15"}}}
 
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
@@ -20,7 +20,7 @@ with the script's --resume; one that left no checkpoint starts again. So the sam
 grid is complete; finished runs are skipped.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
-    python benchmark/sweep.py local GRID --envs Reacher-v4      # a batch: only these envs' runs (also for slurm)
+    python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
     python benchmark/sweep.py slurm GRID [--cpus-per-task 1 --mem 4G --time 12:00:00 --partition P]
     python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
