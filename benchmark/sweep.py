@@ -17,7 +17,8 @@ Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the s
 appended to run.log there, and done.json is written when it has run to the end. A run that was stopped (Ctrl-C,
 SIGTERM, a Slurm time limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint
 with the script's --resume; one that left no checkpoint starts again. So the same command can be repeated until the
-grid is complete; finished runs are skipped.
+grid is complete; finished runs are skipped. A checkpoint resumes with the settings it was started with, so a stopped
+run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished at the old ones.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
@@ -102,6 +103,14 @@ def saved_run(folder):
     return found[-1].parent if found else None
 
 
+def started_args(log_path):
+    """The script's arguments the run was first started with, from its log's first line (None without one)."""
+    if not log_path.exists():
+        return None
+    first = re.search(r"^# .* UTC, started: (.*)$", log_path.read_text(), re.MULTILINE)
+    return shlex.split(first[1])[2:] if first else None  # after the interpreter and the script
+
+
 # --- one run ----------------------------------------------------------------------------------------------------------
 def execute(grid, run, sweep_dir, on_signal_requeue=False):
     """Run (or resume) one run to its end, or until this process is signalled; returns its state afterwards."""
@@ -112,6 +121,15 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     previous = saved_run(folder)
     script = str(ROOT / grid["script"])
     if previous:
+        started_with = started_args(folder / "run.log")
+        if started_with is not None and started_with != run["args"]:  # the checkpoint would keep the old settings
+            print(
+                f"error: {run['name']} was started with other settings than the grid's, and its checkpoint resumes "
+                f"with the old ones.\n  started: {shlex.join(started_with)}\n  grid:    {shlex.join(run['args'])}\n"
+                f"  delete {folder} to start it again with the grid's settings, or restore the grid's old ones",
+                file=sys.stderr,
+            )
+            return "failed"
         command = [sys.executable, script, "--resume", str(previous.relative_to(folder))]
     else:
         command = [sys.executable, script, *run["args"]]

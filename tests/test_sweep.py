@@ -78,18 +78,25 @@ def test_a_local_sweep_runs_each_run_once_and_reports_from_the_logs(tmp_path):
     assert {name: (out / name / "run.log").read_text() for name in last} == logs_before
 
 
-def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
-    # 40 iterations of 256 steps, a checkpoint every iteration: a stop lands in the middle
-    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+def stop_the_labelled_run_midway(grid, out):
+    """Start the grid's run 1 (its labelled run) as a task and stop it as Slurm does at a time limit; its log so far."""
     log = out / "position__labels30__1" / "run.log"
     task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "1", "--out", str(out)], cwd=ROOT)
     deadline = time.time() + 120
     while time.time() < deadline and not (log.exists() and re.search(r"^step [1-9]\d{3},", log.read_text(), re.M)):
         time.sleep(0.2)
-    task.send_signal(signal.SIGTERM)  # as Slurm does at a time limit: the run saves at the end of its iteration
+    task.send_signal(signal.SIGTERM)  # the run saves at the end of its iteration
     assert task.wait(timeout=60) == 0
     first = log.read_text()
     assert "interrupted at step" in first
+    return first
+
+
+def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
+    # 40 iterations of 256 steps, a checkpoint every iteration: a stop lands in the middle
+    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    log = out / "position__labels30__1" / "run.log"
+    first = stop_the_labelled_run_midway(grid, out)
     stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
     assert 1024 <= stopped_at < 10240
     status = sweep("status", grid, "--out", out)
@@ -105,6 +112,25 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert final_step(log) == 10240
     assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
     assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
+
+
+def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_path):
+    """A checkpoint resumes with the settings it was started with: a grid whose steps (or flags) changed since would
+    silently finish the run at the old ones, so the sweep says so and leaves the run as it is."""
+    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    folder = out / "position__labels30__1"
+    first = stop_the_labelled_run_midway(grid, out)
+    checkpoints = sorted(p.stat().st_mtime for p in folder.glob("runs/*/checkpoint.pt"))
+    write_grid(tmp_path, steps=20480, flags=TINY_FLAGS + " --checkpoint-every 1")
+
+    again = sweep("task", grid, "--index", 1, "--out", out)
+    assert again.returncode == 1
+    assert "position__labels30__1 was started with other settings than the grid's" in again.stderr
+    assert "--total-timesteps 10240" in again.stderr and "--total-timesteps 20480" in again.stderr
+    assert f"delete {folder}" in again.stderr
+    assert (folder / "run.log").read_text() == first  # nothing ran
+    assert sorted(p.stat().st_mtime for p in folder.glob("runs/*/checkpoint.pt")) == checkpoints
+    assert not (folder / "done.json").exists()
 
 
 @pytest.mark.parametrize(
