@@ -127,6 +127,10 @@ class Args:
     """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
     ensemble_size: int = 3
     """number of reward predictors in the ensemble (C17: 3)"""
+    reward_form: Literal["action", "progress"] = "action"
+    """what each member scores: a step's observation and action, r(o, a) (C17), or its progress f(o') - f(o), one
+    learned function of the observation before and after the step, so that staying, pushing against the border and
+    any loop earn exactly 0 (README "The moving dot")"""
     reward_lr: float = 1e-3
     """learning rate of the reward model (Adam)"""
     reward_batch_size: int = 64
@@ -209,6 +213,12 @@ def render_frame(position):
     return frame
 
 
+def move(positions, actions):
+    """Where the dot is after `actions` from `positions` (..., 2): one pixel, stopped at the border. What the
+    environment steps with, and what makes the next observation of a labelled step (the reward model's progress form)."""
+    return np.clip(positions + MOVES[actions], LOW, HIGH)
+
+
 class MovingDotEnv(gym.Env):
     """A dot starts at a random position and should move to the centre. Reward +1 for a step that brings it closer
     (Euclidean distance), -1 for one that takes it further, 0 otherwise (staying, or pushing against the border).
@@ -235,7 +245,7 @@ class MovingDotEnv(gym.Env):
 
     def step(self, action):
         before = np.linalg.norm(self.position - CENTRE)
-        self.position = np.clip(self.position + MOVES[action], LOW, HIGH)
+        self.position = move(self.position, action)
         reward = float(np.sign(before - np.linalg.norm(self.position - CENTRE)))
         return observe(self.position, self.observation), reward, False, False, {}
 
@@ -455,22 +465,47 @@ class Keypoints(nn.Module):
         return (weights @ self.grid).flatten(1)  # (n, 2 * channels)
 
 
+class CentroidKeypoints(nn.Module):
+    """Frames to a few coordinates that move smoothly with a one-pixel step (what a difference f(o') - f(o) needs):
+    the centroid of each squared map of a bias-free 3x3 convolution (stride 2), in [-1, 1]; the empty field adds
+    nothing to it, and a map is never all zero where the dot is (as a rectified one can be)."""
+
+    def __init__(self, obs_shape, channels=8):
+        super().__init__()
+        self.conv = nn.Conv2d(obs_shape[0], channels, 3, stride=2, padding=1, bias=False)
+        with torch.no_grad():
+            height, width = self.conv(torch.zeros(1, *obs_shape)).shape[2:]
+        rows, cols = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
+        self.register_buffer("grid", torch.stack([rows.flatten(), cols.flatten()], 1))  # (positions, 2)
+        self.size = 2 * channels
+
+    def forward(self, frames):
+        maps = self.conv(frames).flatten(2) ** 2  # (n, channels, positions)
+        return (maps / (maps.sum(-1, keepdim=True) + 1e-6) @ self.grid).flatten(1)  # (n, 2 * channels)
+
+
 class RewardNet(nn.Module):
     """r(observation, action) with leaky ReLU: an MLP 2 x 64 over (features, one-hot action), where the features are
     the position (C17 A.1) or, for frames, the frame's keypoints (a CNN of C17 A.2's shape overfitted the pretraining
-    labels: README "The moving dot")."""
+    labels: README "The moving dot"). In the progress form the MLP scores the features alone, f(o), and a step's
+    reward is f(next observation) - f(observation)."""
 
-    def __init__(self, obs_shape, num_actions):
+    def __init__(self, obs_shape, num_actions, progress=False):
         super().__init__()
-        self.num_actions = num_actions
-        self.features = nn.Flatten() if len(obs_shape) == 1 else Keypoints(obs_shape)
-        size = obs_shape[0] if len(obs_shape) == 1 else self.features.size
+        self.num_actions, self.progress = num_actions, progress
+        if len(obs_shape) == 1:
+            self.features = nn.Flatten()
+        else:
+            self.features = CentroidKeypoints(obs_shape) if progress else Keypoints(obs_shape)
+        size = (obs_shape[0] if len(obs_shape) == 1 else self.features.size) + (0 if progress else num_actions)
         self.head = nn.Sequential(
-            nn.Linear(size + num_actions, 64), nn.LeakyReLU(0.01), nn.Linear(64, 64), nn.LeakyReLU(0.01), nn.Linear(64, 1)
+            nn.Linear(size, 64), nn.LeakyReLU(0.01), nn.Linear(64, 64), nn.LeakyReLU(0.01), nn.Linear(64, 1)
         )
 
-    def forward(self, obs, act):
-        """(n, *obs_shape), (n,) action indices -> (n,)"""
+    def forward(self, obs, act, next_obs):
+        """(n, *obs_shape), (n,) action indices, (n, *obs_shape) -> (n,)"""
+        if self.progress:
+            return (self.head(self.features(as_input(next_obs))) - self.head(self.features(as_input(obs)))).squeeze(-1)
         one_hot = nn.functional.one_hot(act.long(), self.num_actions).float()
         return self.head(torch.cat([self.features(as_input(obs)), one_hot], -1)).squeeze(-1)
 
@@ -479,20 +514,21 @@ class RewardEnsemble(nn.Module):
     """`size` independent RewardNets; each normalised separately, then averaged and scaled to zero mean and a fixed
     standard deviation (C17 2.2.1, A)."""
 
-    def __init__(self, obs_shape, num_actions, size=3):
+    def __init__(self, obs_shape, num_actions, size=3, progress=False):
         super().__init__()
-        self.members = nn.ModuleList(RewardNet(obs_shape, num_actions) for _ in range(size))
+        self.members = nn.ModuleList(RewardNet(obs_shape, num_actions, progress) for _ in range(size))
         self.register_buffer("member_mean", torch.zeros(size))
         self.register_buffer("member_std", torch.ones(size))
         self.register_buffer("ensemble_mean", torch.zeros(()))
         self.register_buffer("ensemble_std", torch.ones(()))
         self.size = size
 
-    def forward(self, obs, act):
-        """Raw reward of each member: (..., *obs_shape), (...) -> (size, ...)."""
+    def forward(self, obs, act, next_obs):
+        """Raw reward of each member: (..., *obs_shape), (...), (..., *obs_shape) -> (size, ...)."""
         lead = act.shape
         obs, act = obs.reshape(-1, *obs.shape[len(lead) :]), act.reshape(-1)
-        return torch.stack([member(obs, act) for member in self.members]).reshape(self.size, *lead)
+        next_obs = next_obs.reshape(obs.shape)
+        return torch.stack([member(obs, act, next_obs) for member in self.members]).reshape(self.size, *lead)
 
     def l2_penalty(self):
         """Sum of squared weights (biases excluded) of each member: (size,)."""
@@ -510,12 +546,22 @@ class RewardEnsemble(nn.Module):
         self.ensemble_std.copy_((averaged.std() + 1e-8) / target_std)
 
     @torch.no_grad()
-    def normalized_reward(self, obs, act):
+    def normalized_reward(self, obs, act, next_obs):
         """The reward PPO optimises: members normalised, averaged, scaled to zero mean and the target std."""
-        raw = self(obs, act)
+        raw = self(obs, act, next_obs)
         shape = (self.size,) + (1,) * (raw.dim() - 1)
         averaged = ((raw - self.member_mean.view(shape)) / self.member_std.view(shape)).mean(0)
         return (averaged - self.ensemble_mean) / self.ensemble_std
+
+
+def reward_inputs(positions, act, observation):
+    """What the reward model sees of steps given by dot positions (..., 2) and actions (...): the observation, the
+    action and the next observation, as tensors (frames are made here, so labels store only positions)."""
+    return (
+        torch.as_tensor(observe(positions, observation)),
+        torch.as_tensor(act),
+        torch.as_tensor(observe(move(positions, act), observation)),
+    )
 
 
 def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
@@ -534,8 +580,7 @@ SEGMENT_SHAPES = {"position": (2,), "act": (), "true_reward": ()}  # per step
 
 def segment_returns(ensemble, segments, observation):
     """Each member's undiscounted predicted return of each segment: (size, ...)."""
-    obs = torch.as_tensor(observe(segments["position"], observation))
-    return ensemble(obs, torch.as_tensor(segments["act"])).sum(-1)
+    return ensemble(*reward_inputs(segments["position"], segments["act"], observation)).sum(-1)
 
 
 def sample_segments(rng, rollout, segment_len, count):
@@ -767,8 +812,8 @@ def label_step_rewards(ensemble, labels, observation, chunk=256):
     (pixel observations are made on the fly)."""
     parts = []
     for start in range(0, len(labels["mu"]), chunk):
-        obs = torch.as_tensor(observe(labels["position"][start : start + chunk], observation))
-        parts.append(ensemble(obs, torch.as_tensor(labels["act"][start : start + chunk])))
+        chunk_labels = slice(start, start + chunk)
+        parts.append(ensemble(*reward_inputs(labels["position"][chunk_labels], labels["act"][chunk_labels], observation)))
     return torch.cat(parts, 1) if parts else torch.zeros((ensemble.size,) + labels["act"].shape)
 
 
@@ -1437,7 +1482,7 @@ if __name__ == "__main__":
     labels_path = f"{run_dir}/labels.npz"
     ensemble = reward_training = buffer = teacher = None
     if rlhf:
-        ensemble = RewardEnsemble(obs_shape, num_actions, args.ensemble_size)
+        ensemble = RewardEnsemble(obs_shape, num_actions, args.ensemble_size, args.reward_form == "progress")
         reward_training = RewardModelTraining(ensemble, args.reward_lr)
         buffer = LabelBuffer(args.labels, args.segment_len, args.ensemble_size, rng)
         teacher = make_teacher(args, run_dir, rng)
@@ -1547,7 +1592,7 @@ if __name__ == "__main__":
         # RLHF: the reward PPO optimises, for the whole rollout in one batched call; `ensemble` has the weights of the
         # last finished round (the one the thread is running now ends before the next iteration's labels)
         if rlhf:
-            rewards_np = ensemble.normalized_reward(obs.cpu(), torch.as_tensor(rollout_actions)).numpy()
+            rewards_np = ensemble.normalized_reward(*reward_inputs(positions, rollout_actions, args.observation)).numpy()
             for episode_return in finish_episode_returns(rewards_np, truncations, predicted_return):
                 recent_predicted.append(episode_return)  # whole episodes under the learned reward, next to the true one
                 writer.add_scalar("charts/predicted_return", episode_return, global_step)

@@ -210,9 +210,28 @@ def test_reward_ensemble_scores_segments_of_either_observation(observation):
     assert not torch.allclose(returns[0], returns[1])  # independent members
 
 
-def test_reward_model_learns_the_dots_reward_from_synthetic_preferences():
+@pytest.mark.parametrize("observation", ["position", "pixels"])
+def test_the_progress_form_pays_nothing_for_staying_pushing_against_the_border_or_a_loop(observation):
+    """--reward-form progress scores a step as f(next observation) - f(observation): whatever f has learned, a step
+    that leaves the dot where it was earns 0 and a move there and back sums to 0. The action form, r(o, a), does not."""
+    torch.manual_seed(0)
+    positions = np.array([[50, 60], [dot.LOW[0], 70], [100, 100], [99, 100], [100, 100], [100, 101]])
+    actions = np.array([STAY, UP, UP, DOWN, RIGHT, LEFT])  # stay; push at the top border; two loops
+    obs_shape = dot.observe(np.zeros(2, int), observation).shape
+    with torch.no_grad():
+        progress = dot.RewardEnsemble(obs_shape, 5, 3, progress=True)(*dot.reward_inputs(positions, actions, observation))
+        action = dot.RewardEnsemble(obs_shape, 5, 3)(*dot.reward_inputs(positions, actions, observation))
+    torch.testing.assert_close(progress[:, :2], torch.zeros(3, 2))
+    torch.testing.assert_close(progress[:, 2] + progress[:, 3], torch.zeros(3))
+    torch.testing.assert_close(progress[:, 4] + progress[:, 5], torch.zeros(3))
+    assert (progress[:, 2:].abs() > 1e-5).all()  # a move is scored: f is not flat
+    assert (action[:, :2].abs() > 1e-3).all() and ((action[:, 2] + action[:, 3]).abs() > 1e-3).all()
+
+
+@pytest.mark.parametrize("reward_form", ["action", "progress"])
+def test_reward_model_learns_the_dots_reward_from_synthetic_preferences(reward_form):
     """Labels of random-walk segments from the perfect teacher; the fitted ensemble's normalised reward must track
-    the true reward on fresh steps."""
+    the true reward on fresh steps, in either form."""
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     env = gym.make("MovingDot-v0").unwrapped
@@ -234,16 +253,14 @@ def test_reward_model_learns_the_dots_reward_from_synthetic_preferences():
     left, right = dot.sample_segments(rng, rollout, 10, 400), dot.sample_segments(rng, rollout, 10, 400)
     buffer = dot.LabelBuffer(400, 10, 3, rng)
     buffer.add(left, right, dot.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"]))
-    ensemble = dot.RewardEnsemble((2,), 5, 3)
+    ensemble = dot.RewardEnsemble((2,), 5, 3, progress=reward_form == "progress")
     optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
     dot.train_reward_model(ensemble, optimizer, buffer, "position", torch.full((3,), 1e-4), 800, 64, 0.1, rng)
     step_rewards = dot.label_step_rewards(ensemble, buffer.get(), "position")
     _, _, val_accuracy = dot.validate_reward_model(step_rewards, buffer.get(), 0.1)
     dot.fit_reward_normalization(ensemble, step_rewards, 1.0)
     fresh = walk(2000)
-    predicted = ensemble.normalized_reward(
-        torch.as_tensor(dot.observe(fresh["position"], "position")), torch.as_tensor(fresh["act"])
-    )
+    predicted = ensemble.normalized_reward(*dot.reward_inputs(fresh["position"], fresh["act"], "position"))
     assert val_accuracy > 0.8
     assert np.corrcoef(predicted.numpy(), fresh["true_reward"])[0, 1] > 0.8
     assert abs(predicted.mean().item()) < 0.3 and 0.7 < predicted.std().item() < 1.3  # normalised

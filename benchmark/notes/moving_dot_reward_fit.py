@@ -1,11 +1,13 @@
 """Offline check of the moving dot's reward model (issue 24): fit it on labels of random-walk segments from the
 synthetic teacher, then count how often it orders fresh segment pairs the way the true reward does.
 
-Needs moving_dot_progress_reward.patch applied to rlhf_moving_dot.py (`git apply benchmark/notes/...patch`): it
-compares the default r(o, a) ("action") with the progress form f(o') - f(o) ("progress").
+It compares the default r(o, a) ("action") with `--reward-form progress`, f(o') - f(o) ("progress"); on frames the
+first reads soft-argmax keypoints (dot.Keypoints), the second squared-map centroids (dot.CentroidKeypoints), unless
+--keypoints says.
 
-    python benchmark/notes/moving_dot_reward_fit.py --form progress --observation pixels --temperature 10
-    python benchmark/notes/moving_dot_reward_fit.py --form progress --observation pixels --centroid
+    python benchmark/notes/moving_dot_reward_fit.py --form action --observation pixels
+    python benchmark/notes/moving_dot_reward_fit.py --form progress --observation pixels
+    python benchmark/notes/moving_dot_reward_fit.py --form progress --observation pixels --keypoints softmax --temperature 50
 """
 
 import argparse
@@ -17,27 +19,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rlhf_moving_dot as dot  # noqa: E402
-
-
-class CentroidKeypoints(nn.Module):
-    """A variant of dot.Keypoints: the centroid of each rectified, bias-free 3x3 convolution map (stride 1). The empty
-    field adds nothing to it, so it moves smoothly with a one-pixel step of the dot."""
-
-    def __init__(self, obs_shape, channels=8):
-        super().__init__()
-        self.conv = nn.Conv2d(obs_shape[0], channels, 3, stride=1, padding=1, bias=False)
-        height, width = obs_shape[1:]
-        rows, cols = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
-        self.register_buffer("grid", torch.stack([rows.flatten(), cols.flatten()], 1))
-        self.size = 2 * channels
-
-    def forward(self, frames):
-        maps = torch.relu(self.conv(frames).flatten(2))
-        return (maps / (maps.sum(-1, keepdim=True) + 1e-6) @ self.grid).flatten(1)
 
 
 def random_walk(env, rng, steps, num_envs=8, reset_chance=0.005):
@@ -60,7 +44,9 @@ def main():
     parser.add_argument("--form", choices=["action", "progress"], default="action")
     parser.add_argument("--observation", choices=["position", "pixels"], default="pixels")
     parser.add_argument("--temperature", type=float, default=10.0, help="the keypoints' initial softmax temperature")
-    parser.add_argument("--centroid", action="store_true", help="CentroidKeypoints in place of dot.Keypoints")
+    parser.add_argument(
+        "--keypoints", choices=["softmax", "centroid"], default=None, help="the frame features (default: the form's)"
+    )
     parser.add_argument("--labels", type=int, default=250)
     parser.add_argument("--steps", type=int, default=800, help="Adam steps of 64 labels")
     options = parser.parse_args()
@@ -76,13 +62,15 @@ def main():
     ensemble = dot.RewardEnsemble(obs_shape, len(dot.MOVES), 3, options.form == "progress")
     if options.observation == "pixels":
         for member in ensemble.members:
-            if options.centroid:
-                member.features = CentroidKeypoints(obs_shape)
-            else:
+            if options.keypoints:
+                member.features = {"softmax": dot.Keypoints, "centroid": dot.CentroidKeypoints}[options.keypoints](obs_shape)
+            if isinstance(member.features, dot.Keypoints):
                 member.features.log_temperature.data.fill_(math.log(options.temperature))
     optimizer = torch.optim.Adam(ensemble.parameters(), lr=1e-3)
     started = time.time()
-    dot.train_reward_model(ensemble, optimizer, buffer, options.observation, torch.full((3,), 1e-4), options.steps, 64, 0.1, rng)
+    dot.train_reward_model(
+        ensemble, optimizer, buffer, options.observation, torch.full((3,), 1e-4), options.steps, 64, 0.1, rng
+    )
     fresh = random_walk(env, rng, 8192)
     fresh_left, fresh_right = (dot.sample_segments(rng, fresh, 10, 2000) for _ in range(2))
     with torch.no_grad():

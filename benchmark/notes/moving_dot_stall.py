@@ -47,8 +47,10 @@ def main(run_dir):
     checkpoint = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=False)
     rows, cols = np.meshgrid(np.arange(dot.LOW[0], dot.HIGH[0] + 1), np.arange(dot.LOW[1], dot.HIGH[1] + 1), indexing="ij")
     positions = np.stack([rows, cols], -1).reshape(-1, 2)
-    obs = torch.as_tensor(dot.observe(positions, checkpoint["args"].get("observation", "position")))
-    ensemble = dot.RewardEnsemble(tuple(obs.shape[1:]), len(dot.MOVES), checkpoint["args"]["ensemble_size"])
+    observation = checkpoint["args"].get("observation", "position")
+    obs = torch.as_tensor(dot.observe(positions, observation))
+    progress = checkpoint["args"].get("reward_form", "action") == "progress"
+    ensemble = dot.RewardEnsemble(tuple(obs.shape[1:]), len(dot.MOVES), checkpoint["args"]["ensemble_size"], progress)
     ensemble.load_state_dict(checkpoint["reward_ensemble"])
     agent = dot.Agent(tuple(obs.shape[1:]), len(dot.MOVES))
     agent.load_state_dict(checkpoint["agent"])
@@ -60,7 +62,8 @@ def main(run_dir):
         after = np.clip(positions + move, dot.LOW, dot.HIGH)
         next_state[:, action] = (after[:, 0] - dot.LOW[0]) * width + after[:, 1] - dot.LOW[1]
         true[:, action] = np.sign(distance - np.linalg.norm(after - dot.CENTRE, axis=1))
-        learned[:, action] = ensemble.normalized_reward(obs, torch.full((len(positions),), action)).numpy()
+        inputs = dot.reward_inputs(positions, np.full(len(positions), action), observation)
+        learned[:, action] = ensemble.normalized_reward(*inputs).numpy()
     with torch.no_grad():
         probs = torch.softmax(agent.actor(agent.network(dot.as_input(obs))), -1).numpy()
 
