@@ -270,14 +270,15 @@ def status(grid, sweep_dir):
 
 # --- the report -------------------------------------------------------------------------------------------------------
 def curves(grid, sweep_dir):
-    """{env: {mode: [(steps, returns) per seed that logged progress]}}, from the runs' logs."""
+    """{env: {mode: [(steps, returns, done) per seed that logged progress]}}, from the runs' logs."""
     found = {}
     for run in grid["runs"]:
         log = sweep_dir / run["name"] / "run.log"
         if log.exists():
             steps, returns, _ = progress(log)
             if len(steps):
-                found.setdefault(run["env"], {}).setdefault(run["mode"], []).append((steps, returns))
+                done = run_state(sweep_dir / run["name"]) == "done"
+                found.setdefault(run["env"], {}).setdefault(run["mode"], []).append((steps, returns, done))
     return found
 
 
@@ -306,7 +307,8 @@ def mode_order(mode):
 
 def write_report(grid, sweep_dir):
     """figure.png (a panel per env: mean true return over seeds, shaded +- one standard deviation, per mode) and
-    table.md (final return per env and mode, its ratio to the true-reward runs, C17's claim)."""
+    table.md (final return per env and mode, its ratio to the true-reward runs, C17's claim). A mode with finished
+    runs is drawn and judged on those alone; one with none yet on its runs so far, cut to the steps all reached."""
     found = curves(grid, sweep_dir)
     if not found:
         print("no run has logged progress yet")
@@ -327,26 +329,23 @@ def write_report(grid, sweep_dir):
     from_start = []  # envs whose ratio counts from the start (negative returns)
     for axis, env in zip(axes.flat, envs):
         true_final = None
-        start = np.mean([returns[0] for runs in found[env].values() for _, returns in runs])
+        start = np.mean([returns[0] for runs in found[env].values() for _, returns, _ in runs])
         for mode in sorted(found[env], key=mode_order):
-            steps, returns = on_common_steps(found[env][mode])
+            # the finished seeds where there are any: cut to a stopped run's last step, they would read as early returns
+            finished = [(steps, returns) for steps, returns, done in found[env][mode] if done]
+            steps, returns = on_common_steps(finished or [(steps, returns) for steps, returns, _ in found[env][mode]])
             mean, std = returns.mean(0), returns.std(0)
             label = "true reward" if mode == "true" else f"{mode[len('labels') :]} labels"
             axis.plot(steps, mean, label=label, color="black" if mode == "true" else None)
             axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color="black" if mode == "true" else None)
             final = returns[:, -1]
-            done = sum(
-                run_state(sweep_dir / run["name"]) == "done"
-                for run in grid["runs"]
-                if run["env"] == env and run["mode"] == mode
-            )
             if mode == "true":
                 true_final = final.mean()
             ratio = None if mode == "true" else ratio_to_true(final.mean(), true_final, start)
             claim = C17_CLAIM.get(mode_order(mode))
             verdict = "" if claim is None or ratio is None else f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}"
             table.append(
-                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(final)} ({done}) | "
+                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(final)} ({len(finished)}) | "
                 f"{fmt(final.mean())} ± {fmt(final.std())} | {'' if ratio is None else f'{ratio:.2f}'} | "
                 f"{verdict} |"
             )

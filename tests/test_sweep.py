@@ -78,10 +78,12 @@ def test_a_local_sweep_runs_each_run_once_and_reports_from_the_logs(tmp_path):
     assert {name: (out / name / "run.log").read_text() for name in last} == logs_before
 
 
-def stop_the_labelled_run_midway(grid, out):
-    """Start the grid's run 1 (its labelled run) as a task and stop it as Slurm does at a time limit; its log so far."""
-    log = out / "position__labels30__1" / "run.log"
-    task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "1", "--out", str(out)], cwd=ROOT)
+def stop_the_labelled_run_midway(grid, out, index=1, name="position__labels30__1"):
+    """Start the grid's run `index` as a task and stop it as Slurm does at a time limit; its log so far."""
+    log = out / name / "run.log"
+    task = subprocess.Popen(
+        [sys.executable, str(SWEEP), "task", str(grid), "--index", str(index), "--out", str(out)], cwd=ROOT
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not (log.exists() and re.search(r"^step [1-9]\d{3},", log.read_text(), re.M)):
         time.sleep(0.2)
@@ -131,6 +133,23 @@ def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_p
     assert (folder / "run.log").read_text() == first  # nothing ran
     assert sorted(p.stat().st_mtime for p in folder.glob("runs/*/checkpoint.pt")) == checkpoints
     assert not (folder / "done.json").exists()
+
+
+def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished(tmp_path):
+    """A stopped run's log ends early: cutting the finished seeds' curves to its last step would report every seed at
+    that step and judge C17's claim on returns from early in training."""
+    grid = write_grid(tmp_path, steps=10240, seeds=[1, 2], flags=TINY_FLAGS + " --checkpoint-every 1")
+    out = tmp_path / "out"
+    for index in (0, 2):  # position__true__1, position__labels30__1 run to the end
+        assert sweep("task", grid, "--index", index, "--out", out).returncode == 0
+    stop_the_labelled_run_midway(grid, out, index=3, name="position__labels30__2")
+
+    report = sweep("report", grid, "--out", out)
+    assert report.returncode == 0, report.stderr
+    table = (out / "table.md").read_text()
+    final = {name: progress(out / name / "run.log")[1][-1] for name in ("position__true__1", "position__labels30__1")}
+    assert f"| position | 10240 (at 10240) | true reward | 1 (1) | {final['position__true__1']:.1f} ± 0.0 |" in table
+    assert f"| position | 10240 (at 10240) | 30 labels | 1 (1) | {final['position__labels30__1']:.1f} ± 0.0 |" in table
 
 
 @pytest.mark.parametrize(
