@@ -127,10 +127,10 @@ class Args:
     """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
     ensemble_size: int = 3
     """number of reward predictors in the ensemble (C17: 3)"""
-    reward_form: Literal["action", "progress"] = "action"
+    reward_form: Optional[Literal["action", "progress"]] = None
     """what each member scores: a step's observation and action, r(o, a) (C17), or its progress f(o') - f(o), one
     learned function of the observation before and after the step, so that staying, pushing against the border and
-    any loop earn exactly 0 (README "The moving dot")"""
+    any loop earn exactly 0 (default: progress on pixels, action on positions; README "The moving dot")"""
     reward_lr: float = 1e-3
     """learning rate of the reward model (Adam)"""
     reward_batch_size: int = 64
@@ -265,6 +265,8 @@ def fill_runtime_fields(args: Args) -> None:
     args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
     rlhf = args.feedback != "true-reward"
     args.pretrain_iterations = math.ceil(args.pretrain_steps / max(args.batch_size, 1)) if rlhf else 0
+    if args.reward_form is None:
+        args.reward_form = "progress" if args.observation == "pixels" else "action"
 
 
 def validate_args(args: Args) -> None:
@@ -1433,7 +1435,8 @@ if __name__ == "__main__":
     checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
     if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
         resume_overrides = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
-        args = Args(**{**checkpoint["args"], **resume_overrides})
+        saved_args = {"reward_form": "action", **checkpoint["args"]}  # saved before --reward-form: r(o, a)
+        args = Args(**{**saved_args, **resume_overrides})
     if args.eval_only:
         if checkpoint is None:
             raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")

@@ -408,8 +408,9 @@ def test_pixel_run_scores_frames_with_a_cnn_reward_model(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     reward_state = checkpoint["reward_ensemble"]
     assert any(value.dim() == 4 for value in reward_state.values())  # convolution kernels: it reads frames
+    assert checkpoint["args"]["reward_form"] == "progress"  # the default on frames
     # the saved model scores frames: rebuilt from the checkpoint, it gives the labelled segments finite, varied rewards
-    ensemble = dot.RewardEnsemble((1, 42, 32), 5, 3)
+    ensemble = dot.RewardEnsemble((1, 42, 32), 5, 3, progress=True)
     ensemble.load_state_dict(reward_state)
     labels = np.load(run_dir / "labels.npz")
     rewards = dot.label_step_rewards(ensemble, labels, "pixels")
@@ -608,6 +609,25 @@ def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
     expected = [max(held, int(schedule[: step // settings.batch_size].sum())) for step, _ in curve]
     assert [int(value) for _, value in curve] == expected
     assert curve[-1][1] == settings.labels and len(np.load(run_dir / "labels.npz")["mu"]) == settings.labels
+
+
+@pytest.mark.slow
+def test_a_pixel_checkpoint_from_before_reward_form_resumes_with_its_action_form_model(tmp_path):
+    """Frames now default to the progress form; a checkpoint saved before --reward-form existed holds an r(o, a) model
+    (soft-argmax keypoints) and must go on with it, not fail to load into the new default."""
+    args = LONG + " --observation pixels --reward-form action --save-model --checkpoint-every 100000"
+    out, err = interrupt_run(tmp_path, args, "step ", SCRIPT, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    del checkpoint["args"]["reward_form"]
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+
+    resumed = run_dot(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert final["global_step"] == 25600 and final["args"]["reward_form"] == "action"
+    assert any(name.endswith("log_temperature") for name in final["reward_ensemble"])  # the soft-argmax keypoints
 
 
 @pytest.fixture(scope="module")
