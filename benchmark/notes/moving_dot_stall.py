@@ -102,9 +102,9 @@ def main(run_dir):
     there_and_back = np.stack([learned[:, a] + learned[next_state[:, a], b] for a, b in back.items()], 1)
     blocked = next_state[:, list(back)] == np.arange(len(positions))[:, None]  # a move into the border is no move
     there_and_back[blocked] = -np.inf
-    best_cycle = there_and_back.max(1)
+    best_cycle = there_and_back.max(1)  # a margin of 1e-4: the progress form's loops tie with staying up to float error
     print(
-        f"positions where a move there and back earns more than staying twice (true: never): {(best_cycle > 2 * stay).mean():.3f}"
+        f"positions where a move there and back earns more than staying twice (true: never): {(best_cycle > 2 * stay + 1e-4).mean():.3f}"
     )
 
 
