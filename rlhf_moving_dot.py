@@ -130,7 +130,8 @@ class Args:
     reward_form: Optional[Literal["action", "progress"]] = None
     """what each member scores: a step's observation and action, r(o, a) (C17), or its progress f(o') - f(o), one
     learned function of the observation before and after the step, so that staying, pushing against the border and
-    any loop earn exactly 0 (default: progress on pixels, action on positions; README "The moving dot")"""
+    any loop earn exactly what staying earns (0 before the normalisation, which shifts every step alike) (default:
+    progress on pixels, action on positions; README "The moving dot")"""
     reward_lr: float = 1e-3
     """learning rate of the reward model (Adam)"""
     reward_batch_size: int = 64

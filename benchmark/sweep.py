@@ -104,11 +104,12 @@ def saved_run(folder):
 
 
 def started_args(log_path):
-    """The script's arguments the run was first started with, from its log's first line (None without one)."""
+    """The script's arguments of the run's last start (the one its checkpoint comes from: a start that died before its
+    first checkpoint is started again), from its log (None without one)."""
     if not log_path.exists():
         return None
-    first = re.search(r"^# .* UTC, started: (.*)$", log_path.read_text(), re.MULTILINE)
-    return shlex.split(first[1])[2:] if first else None  # after the interpreter and the script
+    starts = re.findall(r"^# .* UTC, started: (.*)$", log_path.read_text(), re.MULTILINE)
+    return shlex.split(starts[-1])[2:] if starts else None  # after the interpreter and the script
 
 
 # --- one run ----------------------------------------------------------------------------------------------------------
@@ -343,9 +344,10 @@ def write_report(grid, sweep_dir):
                 true_final = final.mean()
             ratio = None if mode == "true" else ratio_to_true(final.mean(), true_final, start)
             claim = C17_CLAIM.get(mode_order(mode))
-            verdict = "" if claim is None or ratio is None else f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}"
+            judged = claim is not None and ratio is not None and finished  # runs under way are shown, not judged
+            verdict = f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}" if judged else ""
             table.append(
-                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(final)} ({len(finished)}) | "
+                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(found[env][mode])} ({len(finished)}) | "
                 f"{fmt(final.mean())} ± {fmt(final.std())} | {'' if ratio is None else f'{ratio:.2f}'} | "
                 f"{verdict} |"
             )

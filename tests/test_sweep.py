@@ -149,7 +149,7 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
     table = (out / "table.md").read_text()
     final = {name: progress(out / name / "run.log")[1][-1] for name in ("position__true__1", "position__labels30__1")}
     assert f"| position | 10240 (at 10240) | true reward | 1 (1) | {final['position__true__1']:.1f} ± 0.0 |" in table
-    assert f"| position | 10240 (at 10240) | 30 labels | 1 (1) | {final['position__labels30__1']:.1f} ± 0.0 |" in table
+    assert f"| position | 10240 (at 10240) | 30 labels | 2 (1) | {final['position__labels30__1']:.1f} ± 0.0 |" in table
 
 
 @pytest.mark.parametrize(
@@ -341,10 +341,14 @@ def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_th
         (out / name).mkdir(parents=True)
         lines = [f"step {1000 * (i + 1)}, SPS 100, true return {value:.1f}" for i, value in enumerate(returns)]
         (out / name / "run.log").write_text("\n".join(lines) + "\n")
+    under_way = sweep("report", grid, "--out", out)  # no run finished: the rows are shown, not judged
+    assert re.search(r"\| 350 labels \| 1 \(0\) \| -8\.0 ± 0\.0 \| 0\.89 \|  \|", under_way.stdout), under_way.stdout
+    for name in ("Reacher-v5__true__1", "Reacher-v5__labels350__1"):
+        (out / name / "done.json").write_text("{}\n")
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
     table = (out / "table.md").read_text()
-    assert re.search(r"\| 350 labels \| 1 \(0\) \| -8\.0 ± 0\.0 \| 0\.89 \| 0\.90: not met \|", table), table
+    assert re.search(r"\| 350 labels \| 1 \(1\) \| -8\.0 ± 0\.0 \| 0\.89 \| 0\.90: not met \|", table), table
 
 
 def test_no_ratio_is_given_where_the_true_reward_runs_ended_below_their_start():
