@@ -228,6 +228,28 @@ def test_the_progress_form_pays_nothing_for_staying_pushing_against_the_border_o
     assert (action[:, :2].abs() > 1e-3).all() and ((action[:, 2] + action[:, 3]).abs() > 1e-3).all()
 
 
+def test_the_next_observation_the_reward_model_reads_is_the_one_the_environment_shows():
+    """The progress form reads each step's next frame as observe(move(position, action)), made from the positions the
+    rollout records: in the training loop's vector env (same-step autoreset) that must be the frame the environment
+    returns, at the border too, wherever the episode did not end at that step (the reset frame comes then)."""
+    envs = gym.vector.SyncVectorEnv(
+        [dot.make_env("pixels", 30, i, False, None) for i in range(4)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    rng = np.random.default_rng(0)
+    envs.reset(seed=0)
+    checked = 0
+    for _ in range(200):
+        envs.envs[0].unwrapped.position, envs.envs[1].unwrapped.position = dot.LOW.copy(), dot.HIGH.copy()  # corners
+        positions = np.array([env.unwrapped.position for env in envs.envs])  # as the rollout records them
+        actions = rng.integers(5, size=4)
+        next_obs, _, _, truncated, _ = envs.step(actions)
+        made = dot.reward_inputs(positions, actions, "pixels")[2].numpy()
+        np.testing.assert_array_equal(made[~truncated], next_obs[~truncated])
+        checked += (~truncated).sum()
+    assert checked > 700 and truncated.dtype == bool
+    envs.close()
+
+
 @pytest.mark.parametrize("reward_form", ["action", "progress"])
 def test_reward_model_learns_the_dots_reward_from_synthetic_preferences(reward_form):
     """Labels of random-walk segments from the perfect teacher; the fitted ensemble's normalised reward must track
