@@ -447,6 +447,14 @@ def truncation_values(agent, infos, truncated, device):
 
 
 # RLHF: the reward model (C17 2.2.3, A.1 for positions; for frames keypoints in place of A.2's CNN: README "The moving dot")
+def map_coordinates(conv, obs_shape):
+    """The (row, column) in [-1, 1] of each position of `conv`'s output maps for frames of `obs_shape`: (positions, 2)."""
+    with torch.no_grad():
+        height, width = conv(torch.zeros(1, *obs_shape)).shape[2:]
+    rows, cols = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
+    return torch.stack([rows.flatten(), cols.flatten()], 1)
+
+
 class Keypoints(nn.Module):
     """Frames to a few coordinates: a 3x3 convolution (stride 2) makes `channels` feature maps, and each map gives the
     expected (row, column) of a softmax over its positions, in [-1, 1] (a spatial soft-argmax). The softmax's
@@ -456,10 +464,7 @@ class Keypoints(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(obs_shape[0], channels, 3, stride=2, padding=1)
         self.log_temperature = nn.Parameter(torch.full((channels, 1), math.log(10.0)))
-        with torch.no_grad():
-            height, width = self.conv(torch.zeros(1, *obs_shape)).shape[2:]
-        rows, cols = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
-        self.register_buffer("grid", torch.stack([rows.flatten(), cols.flatten()], 1))  # (positions, 2)
+        self.register_buffer("grid", map_coordinates(self.conv, obs_shape))
         self.size = 2 * channels
 
     def forward(self, frames):
@@ -476,10 +481,7 @@ class CentroidKeypoints(nn.Module):
     def __init__(self, obs_shape, channels=8):
         super().__init__()
         self.conv = nn.Conv2d(obs_shape[0], channels, 3, stride=2, padding=1, bias=False)
-        with torch.no_grad():
-            height, width = self.conv(torch.zeros(1, *obs_shape)).shape[2:]
-        rows, cols = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
-        self.register_buffer("grid", torch.stack([rows.flatten(), cols.flatten()], 1))  # (positions, 2)
+        self.register_buffer("grid", map_coordinates(self.conv, obs_shape))
         self.size = 2 * channels
 
     def forward(self, frames):
