@@ -260,18 +260,23 @@ def test_reward_model_learns_the_dots_reward_from_synthetic_preferences(reward_f
     env.reset(seed=0)
 
     def walk(steps):
-        position, act, reward = [], [], []
+        position, act, reward, restarted = [], [], [], []
         for _ in range(steps):
             position.append(env.position.copy())
             act.append(int(rng.integers(5)))
             reward.append(env.step(act[-1])[1])
-            if rng.random() < 0.02:
+            restarted.append(rng.random() < 0.02)
+            if restarted[-1]:
                 env.reset(seed=int(rng.integers(1 << 30)))
-        return {"position": np.array(position, np.int16), "act": np.array(act), "true_reward": np.array(reward, np.float32)}
+        return {
+            "position": np.array(position, np.int16),
+            "act": np.array(act),
+            "true_reward": np.array(reward, np.float32),
+            "truncated": np.array(restarted),
+        }
 
-    steps = walk(4000)
-    rollout = {k: v.reshape(1000, 4, *v.shape[1:]) for k, v in steps.items()}
-    rollout["truncated"] = np.zeros((1000, 4), bool)
+    # four walks of 1000 steps side by side, as a vector env's rollout (steps, envs): each column one walk in order
+    rollout = {k: v.reshape(4, 1000, *v.shape[1:]).swapaxes(0, 1) for k, v in walk(4000).items()}
     left, right = dot.sample_segments(rng, rollout, 10, 400), dot.sample_segments(rng, rollout, 10, 400)
     buffer = dot.LabelBuffer(400, 10, 3, rng)
     buffer.add(left, right, dot.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"]))

@@ -25,18 +25,23 @@ import rlhf_moving_dot as dot  # noqa: E402
 
 
 def random_walk(env, rng, steps, num_envs=8, reset_chance=0.005):
-    """A rollout (steps // num_envs, num_envs) of uniformly random actions, restarting now and then."""
-    position, act, reward = [], [], []
+    """A rollout (steps // num_envs, num_envs) of uniformly random actions, restarting now and then: each column one
+    stretch of the walk in order, as a vector env's (a restart ends an episode there)."""
+    position, act, reward, restarted = [], [], [], []
     for _ in range(steps):
         position.append(env.position.copy())
         act.append(int(rng.integers(len(dot.MOVES))))
         reward.append(env.step(act[-1])[1])
-        if rng.random() < reset_chance:
+        restarted.append(rng.random() < reset_chance)
+        if restarted[-1]:
             env.reset(seed=int(rng.integers(1 << 30)))
-    flat = {"position": np.array(position, np.int16), "act": np.array(act), "true_reward": np.array(reward, np.float32)}
-    rollout = {k: v.reshape(steps // num_envs, num_envs, *v.shape[1:]) for k, v in flat.items()}
-    rollout["truncated"] = np.zeros((steps // num_envs, num_envs), bool)
-    return rollout
+    flat = {
+        "position": np.array(position, np.int16),
+        "act": np.array(act),
+        "true_reward": np.array(reward, np.float32),
+        "truncated": np.array(restarted),
+    }
+    return {k: v.reshape(num_envs, steps // num_envs, *v.shape[1:]).swapaxes(0, 1) for k, v in flat.items()}
 
 
 def main():
