@@ -9,6 +9,7 @@ that is optimal under the learned reward (discount 0.99, as PPO's), and each pol
     python benchmark/notes/moving_dot_stall.py runs/MovingDot-v0-position__stall__39__*/
 """
 
+import collections
 import sys
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def optimal_policy(reward, next_state, gamma=0.99, sweeps=2000):
 
 
 def episode_returns(action_probs, true, learned, next_state, steps=2000, episodes=400, seed=0):
-    """Mean true and learned return of a policy (probabilities (states, actions)) from uniformly random starts."""
+    """Mean true and learned return of a policy (probabilities (states, actions)) from uniformly random starts, and
+    the states the episodes end in."""
     rng = np.random.default_rng(seed)
     state = rng.integers(0, len(true), episodes)
     true_return, learned_return = np.zeros(episodes), np.zeros(episodes)
@@ -40,7 +42,12 @@ def episode_returns(action_probs, true, learned, next_state, steps=2000, episode
         true_return += true[state, action]
         learned_return += learned[state, action]
         state = next_state[state, action]
-    return true_return.mean(), learned_return.mean()
+    return true_return.mean(), learned_return.mean(), state
+
+
+def cells(positions, size=10, top=4):
+    """The `top` most common `size`-pixel cells (row, column of their corner) of some positions, with their counts."""
+    return collections.Counter((int(row), int(col)) for row, col in positions // size * size).most_common(top)
 
 
 def main(run_dir):
@@ -76,13 +83,18 @@ def main(run_dir):
         "positions where the learned reward's best action is not a move closer:",
         f"{(true[np.arange(len(true)), best_learned] < 1).mean():.3f}",
     )
-    print("agent, by distance to the centre: expected true reward per step, P(stay), P(a move closer)")
+    print(
+        "by distance to the centre: the agent's expected true reward per step, P(stay), P(a move closer); the learned"
+        " reward of a move closer and of a move away, each less staying's"
+    )
+    gain = learned - learned[:, :1]  # what each action earns over staying at the same position
     for low, high in BANDS:
         band = (distance >= low) & (distance < high)
         expected = (probs[band] * true[band]).sum(1).mean()
         closer = (probs[band] * (true[band] == 1)).sum(1).mean()
         print(
-            f"  {low:3d}-{high:3d} px ({band.sum():5d} positions): {expected:+.2f}, {probs[band, 0].mean():.2f}, {closer:.2f}"
+            f"  {low:3d}-{high:3d} px ({band.sum():5d} positions): {expected:+.2f}, {probs[band, 0].mean():.2f}, {closer:.2f};"
+            f" {gain[band][true[band] == 1].mean():+.2f}, {gain[band][true[band] == -1].mean():+.2f}"
         )
 
     one_hot = np.eye(len(dot.MOVES))
@@ -93,8 +105,18 @@ def main(run_dir):
     }
     print("policy: true return, learned return (2000-step episodes, random starts)")
     for name, policy in policies.items():
-        true_return, learned_return = episode_returns(policy, true, learned, next_state)
+        true_return, learned_return, end = episode_returns(policy, true, learned, next_state)
         print(f"  {name}: {true_return:.1f}, {learned_return:.1f}")
+    far_ends = distance[end] > 10
+    print(
+        f"the agent's episodes: {far_ends.mean():.2f} end more than 10 px from the centre; where most of those end"
+        f" (row, column: episodes): {cells(positions[end[far_ends]])}"
+    )
+    parked = (best_learned == 0) & (distance > 3)  # staying beats every move: a local maximum of the learned reward
+    print(
+        f"positions more than 3 px from the centre where staying beats every move under the learned reward:"
+        f" {parked.sum()}, in 10-px cells {cells(positions[parked])}"
+    )
     # every episode has 2000 steps, so a reward offset changes no choice: compare choices of equal length
     stay = learned[:, 0]
     print(f"learned reward of staying: varies by {stay.max() - stay.min():.2f} over the field (true: 0 everywhere)")
