@@ -474,9 +474,12 @@ class Keypoints(nn.Module):
 
 
 class CentroidKeypoints(nn.Module):
-    """Frames to a few coordinates that move smoothly with a one-pixel step (what a difference f(o') - f(o) needs):
-    the centroid of each squared map of a bias-free 3x3 convolution (stride 2), in [-1, 1]; the empty field adds
-    nothing to it, and a map is never all zero where the dot is (as a rectified one can be)."""
+    """Frames to a few coordinates that move with a one-pixel step (what a difference f(o') - f(o) needs): the
+    centroid of each squared map of a bias-free 3x3 convolution (stride 2), in [-1, 1]; the empty field adds nothing
+    to it, and a map is never all zero where the dot is (as a rectified one can be). Not smooth everywhere: a
+    coordinate can step back by a little as the dot crosses a cell, and a dot in the last cells at the bottom and
+    right borders reaches only the map's last row (column), so the coordinates stop there and f sees no move
+    (benchmark/notes/moving_dot_issue24.md, sixth session)."""
 
     def __init__(self, obs_shape, channels=8):
         super().__init__()

@@ -104,9 +104,11 @@ def main(run_dir):
         "the agent (sampling)": probs,
     }
     print("policy: true return, learned return (2000-step episodes, random starts)")
+    ends = {}
     for name, policy in policies.items():
-        true_return, learned_return, end = episode_returns(policy, true, learned, next_state)
+        true_return, learned_return, ends[name] = episode_returns(policy, true, learned, next_state)
         print(f"  {name}: {true_return:.1f}, {learned_return:.1f}")
+    end = ends["the agent (sampling)"]
     far_ends = distance[end] > 10
     print(
         f"the agent's episodes: {far_ends.mean():.2f} end more than 10 px from the centre; where most of those end"
