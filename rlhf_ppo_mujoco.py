@@ -1017,6 +1017,17 @@ def finish_episode_returns(rewards, dones, episode_returns):
     return finished
 
 
+def learned_reward_for_ppo(ensemble, raw_obs, actions, dones, episode_returns, anchor):
+    """The reward PPO optimises for a rollout (steps, envs), in one batched call: the ensemble's normalised reward,
+    with `anchor` shifted so that the absorbing state earns 0. Returns (step rewards, the absorbing state's reward,
+    the learned returns of the episodes that ended in the rollout, to set beside their true returns)."""
+    rewards = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(actions)).numpy()
+    absorbing_reward = ensemble.normalized_absorbing_reward()
+    if anchor:  # the fallen state earns 0: return scaling and the critic see what the baseline sees
+        rewards, absorbing_reward = anchor_at_absorbing(rewards, absorbing_reward)
+    return rewards, absorbing_reward, finish_episode_returns(rewards, dones, episode_returns)
+
+
 def log_reward_model(writer, global_step, reward_training, buffer, teacher, learned_rewards, true_rewards, label_budget):
     """RLHF: the reward model's figures and the label counts, to TensorBoard; returns them for the progress line."""
     constant = learned_rewards.std() == 0 or true_rewards.std() == 0  # e.g. InvertedPendulum: the true reward is 1
@@ -1594,13 +1605,12 @@ if __name__ == "__main__":
         # RLHF: the reward PPO optimises, for the whole rollout in one batched call; `ensemble` has the weights of the
         # last finished round (the one the thread is running now ends before the next iteration's labels)
         if rlhf:
-            rewards_np = ensemble.normalized_reward(torch.as_tensor(raw_obs), torch.as_tensor(rollout_actions)).numpy()
-            absorbing_reward = ensemble.normalized_absorbing_reward()
-            for predicted_return in finish_episode_returns(rewards_np, dones, predicted_episode_return):
+            rewards_np, absorbing_reward, predicted_returns = learned_reward_for_ppo(
+                ensemble, raw_obs, rollout_actions, dones, predicted_episode_return, args.anchor_absorbing
+            )
+            for predicted_return in predicted_returns:
                 recent_predicted.append(predicted_return)  # whole episodes under the learned reward, next to the true one
                 writer.add_scalar("charts/predicted_return", predicted_return, global_step)
-            if args.anchor_absorbing:  # the fallen state earns 0: return scaling and the critic see what the baseline sees
-                rewards_np, absorbing_reward = anchor_at_absorbing(rewards_np, absorbing_reward)
         else:
             rewards_np, absorbing_reward = true_rewards.copy(), 0.0  # the true reward after a fall is 0 forever
         # PPO change (README "Changes to PPO"): return scaling of the reward PPO gets; a termination enters the

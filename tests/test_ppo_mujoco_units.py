@@ -195,6 +195,29 @@ def test_anchoring_the_fallen_state_at_zero_keeps_every_predicted_preference(rng
     np.testing.assert_array_equal(shifted > 0, rewards > absorbing)
 
 
+@pytest.mark.parametrize("anchor", [True, False])
+def test_predicted_return_is_the_return_of_the_reward_ppo_optimises(rng, anchor):
+    ensemble = rl.RewardEnsemble(3, 1, size=3)
+    set_absorbing(ensemble, [-2.0, -1.0, -3.0])
+    steps, envs = 7, 2
+    obs = rng.standard_normal((steps, envs, 3)).astype(np.float32)
+    act = rng.uniform(-1, 1, (steps, envs, 1)).astype(np.float32)
+    with torch.no_grad():
+        ensemble.fit_normalization(ensemble(torch.as_tensor(obs), torch.as_tensor(act)).reshape(3, -1))
+    assert abs(ensemble.normalized_absorbing_reward()) > 0.1  # the zero-mean scale leaves the fall away from 0
+    dones = np.zeros((steps, envs), bool)
+    dones[2, 0] = dones[6, 0] = dones[4, 1] = True  # env 0: two episodes (one of them carried in), env 1: one
+    carried_in = np.array([1.5, 0.0])  # the return so far of env 0's episode that began in the last rollout
+    episode_returns = carried_in.copy()
+    rewards, absorbing, finished = rl.learned_reward_for_ppo(ensemble, obs, act, dones, episode_returns, anchor)
+    if anchor:
+        assert absorbing == 0.0
+    # each finished episode's learned return sums the very rewards PPO is given (anchored or not)
+    expected = [carried_in[0] + rewards[:3, 0].sum(), rewards[:5, 1].sum(), rewards[3:7, 0].sum()]
+    np.testing.assert_allclose(finished, expected, rtol=1e-5)
+    np.testing.assert_allclose(episode_returns, [0.0, rewards[5:, 1].sum()], rtol=1e-5)  # env 1's goes on
+
+
 def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases():
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     with torch.no_grad():
