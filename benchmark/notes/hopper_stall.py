@@ -1,0 +1,102 @@
+"""What does a stalled Hopper RLHF agent do, and what does its learned reward pay for it? Loads a checkpoint of
+rlhf_ppo_mujoco.py (a run saved with --save-model), plays episodes with the agent as it acts in training (sampled
+actions), scores every step with the checkpoint's reward ensemble as PPO sees it (normalised, shifted so the fallen
+state earns 0 when the run anchors it) and prints:
+- per episode: length, whether it fell, true return, mean forward velocity, the learned return;
+- a least-squares fit of the learned step reward on the true reward's parts, learned ~ a + b * x_velocity: under the
+  true reward (torque penalty removed) a step alive is worth 1 and each m/s of forward velocity 1, so a / b is 1; a
+  learned reward with a / b far below 1 pays little for staying up, and an agent that trades falls for speed loses
+  little by it;
+- the learned value of the fallen state, in the same units (0 when anchored).
+
+Usage (from the repository root):
+  python benchmark/notes/hopper_stall.py runs/NAME [--episodes 20] [--seed 100]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+import rlhf_ppo_mujoco as ppo  # noqa: E402
+
+
+def play(env, agent, obs_rms, episodes, seed):
+    """Episodes of the agent sampling its actions: per episode (observations, actions, true rewards, x velocities,
+    whether it fell)."""
+    played = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        observations, actions, rewards, velocities, fell, done = [], [], [], [], False, False
+        while not done:
+            with torch.no_grad():
+                action, _, _, _ = agent.get_action_and_value(torch.as_tensor(ppo.normalize_obs(obs_rms, obs[None])))
+            action = np.clip(action.numpy()[0], env.action_space.low, env.action_space.high)
+            observations.append(obs)
+            actions.append(action)
+            obs, reward, fell, truncated, info = env.step(action)
+            rewards.append(reward)
+            velocities.append(info["x_velocity"])
+            done = fell or truncated
+        played.append((np.array(observations), np.array(actions), np.array(rewards), np.array(velocities), fell))
+    return played
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=100)
+    cli = parser.parse_args()
+    checkpoint = ppo.load_checkpoint(cli.run_dir)
+    args = checkpoint["args"]
+    env = ppo.make_env(args["env"], 0, False, None, json.loads(args["env_kwargs"]))()
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    agent = ppo.Agent(obs_dim, act_dim)
+    agent.load_state_dict(checkpoint["agent"])
+    obs_rms = ppo.RunningMeanStd()
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
+    ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
+    absorbing = ensemble.normalized_absorbing_reward()
+    shift = absorbing if args.get("anchor_absorbing", False) else 0.0
+    torch.manual_seed(cli.seed)
+    print(
+        f"{cli.run_dir}: step {checkpoint['global_step']}, fallen state's learned reward {absorbing - shift:+.3f} "
+        f"(unanchored {absorbing:+.3f})"
+    )
+    print("| episode | length | fell | true return | mean x velocity | learned return |")
+    print("|---|---|---|---|---|---|")
+    learned_all, velocity_all = [], []
+    for i, (obs, act, rewards, velocities, fell) in enumerate(play(env, agent, obs_rms, cli.episodes, cli.seed)):
+        with torch.no_grad():
+            learned = (
+                ensemble.normalized_reward(
+                    torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(act, dtype=torch.float32)
+                ).numpy()
+                - shift
+            )
+        learned_all.append(learned)
+        velocity_all.append(velocities)
+        print(
+            f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
+            f"| {learned.sum():.1f} |"
+        )
+    learned, velocity = np.concatenate(learned_all), np.concatenate(velocity_all)
+    (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(velocity), velocity], 1), learned, rcond=None)
+    fitted = a + b * velocity
+    r2 = 1 - np.var(learned - fitted) / np.var(learned)
+    print(
+        f"learned step reward ~ {a:+.3f} + {b:+.3f} * x_velocity (R^2 {r2:.2f}); a / b = {a / b:.2f} "
+        f"(the true reward without torque penalty: 1.00); correlation with x velocity "
+        f"{np.corrcoef(learned, velocity)[0, 1]:.2f}"
+    )
+    print(f"mean learned step reward {learned.mean():+.3f}, std {learned.std():.3f}; steps {len(learned)}")
+
+
+if __name__ == "__main__":
+    main()
