@@ -22,6 +22,7 @@ run whose arguments the grid has changed since (steps, flags) is refused with a 
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
+    python benchmark/sweep.py local GRID --feedback true 700    # a batch: only these feedbacks' runs (also for slurm)
     python benchmark/sweep.py slurm GRID [--cpus-per-task 1 --mem 4G --time 12:00:00 --partition P]
     python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
@@ -383,6 +384,9 @@ def main():
         command.add_argument("--out", default=None, help="the sweep's folder (default benchmark/sweeps/{grid name})")
         if name in ("local", "slurm"):
             command.add_argument("--envs", nargs="+", default=None, help="only the runs of these envs (a batch)")
+            command.add_argument(
+                "--feedback", nargs="+", default=None, help='only the runs of these feedbacks: "true", label counts'
+            )
         if name == "local":
             command.add_argument("--workers", type=int, default=os.cpu_count(), help="runs at once (default: cores)")
         if name == "slurm":
@@ -405,7 +409,16 @@ def main():
         unknown = sorted(set(options.envs) - set(grid["envs"]))
         if unknown:
             parser.error(f"--envs {' '.join(unknown)}: not in the grid ({', '.join(grid['envs'])})")
-    batch = [i for i, run in enumerate(grid["runs"]) if not getattr(options, "envs", None) or run["env"] in options.envs]
+    envs, modes = getattr(options, "envs", None), None
+    if getattr(options, "feedback", None):
+        known = [str(feedback) for feedback in grid["feedback"]]  # "true", "350", ...
+        unknown = [feedback for feedback in options.feedback if feedback not in known]
+        if unknown:
+            parser.error(f"--feedback {' '.join(unknown)}: not in the grid ({', '.join(known)})")
+        modes = ["true" if f == "true" else f"labels{f}" for f in options.feedback]
+    batch = [
+        i for i, run in enumerate(grid["runs"]) if (not envs or run["env"] in envs) and (not modes or run["mode"] in modes)
+    ]
     sweep_dir = sweep_folder(options.grid, options.out)
     if options.command == "local":
         if run_local(grid, sweep_dir, options.workers, batch):

@@ -330,6 +330,15 @@ def test_a_batch_of_the_grid_keeps_each_runs_place_in_it(tmp_path):
     assert "#SBATCH --array=2-3\n" in (out / "slurm_array.sh").read_text()  # position: runs 0-1, pixels: 2-3
     wrong = sweep("local", grid, "--out", out, "--envs", "Hopper-v4")
     assert wrong.returncode != 0 and "--envs Hopper-v4: not in the grid (position, pixels)" in wrong.stderr
+    # a batch of one feedback setting (e.g. the budget C17's claim is about first), alone or within envs
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--feedback", "30")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=1,3\n" in (out / "slurm_array.sh").read_text()  # each env: true reward, then 30 labels
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--envs", "pixels", "--feedback", "true")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=2\n" in (out / "slurm_array.sh").read_text()
+    wrong = sweep("local", grid, "--out", out, "--feedback", "700")
+    assert wrong.returncode != 0 and "--feedback 700: not in the grid (true, 30)" in wrong.stderr
 
 
 def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_the_start(tmp_path):
