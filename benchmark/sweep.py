@@ -356,6 +356,7 @@ def write_report(grid, sweep_dir):
             from_start.append(f"{env} (start {fmt(start)})")
         axis.set_title(env)
         axis.set_xlabel("steps")
+        axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # 1e5 or 1e6 at the end: labels never collide
         axis.set_ylabel("true return")
         axis.legend(fontsize=7)
     for axis in list(axes.flat)[len(envs) :]:
