@@ -1,4 +1,5 @@
-"""What does a stalled Hopper RLHF agent do, and what does its learned reward pay for it? Loads a checkpoint of
+"""What does a stalled Hopper (or Walker2d: the same reward, 1 per step alive plus the forward velocity) RLHF agent
+do, and what does its learned reward pay for it? Loads a checkpoint of
 rlhf_ppo_mujoco.py (a run saved with --save-model), plays episodes with the agent as it acts in training (sampled
 actions), scores every step with the checkpoint's reward ensemble as PPO sees it (normalised, shifted so the fallen
 state earns 0 when the run anchors it) and prints:
