@@ -329,6 +329,8 @@ def write_report(grid, sweep_dir):
         "|---|---|---|---|---|---|---|",
     ]
     from_start = []  # envs whose ratio counts from the start (negative returns)
+    budgets = [f"labels{feedback}" for feedback in grid["feedback"] if feedback != "true"]
+    colors = {"true": "black"} | {mode: f"C{i}" for i, mode in enumerate(budgets)}  # a budget's colour in every panel
     for axis, env in zip(axes.flat, envs):
         true_final = None
         start = np.mean([returns[0] for runs in found[env].values() for _, returns, _ in runs])
@@ -338,8 +340,8 @@ def write_report(grid, sweep_dir):
             steps, returns = on_common_steps(finished or [(steps, returns) for steps, returns, _ in found[env][mode]])
             mean, std = returns.mean(0), returns.std(0)
             label = "true reward" if mode == "true" else f"{mode[len('labels') :]} labels"
-            axis.plot(steps, mean, label=label, color="black" if mode == "true" else None)
-            axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color="black" if mode == "true" else None)
+            axis.plot(steps, mean, label=label, color=colors[mode])
+            axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colors[mode])
             final = returns[:, -1]
             if mode == "true":
                 true_final = final.mean()
