@@ -3,12 +3,14 @@ do, and what does its learned reward pay for it? Loads a checkpoint of
 rlhf_ppo_mujoco.py (a run saved with --save-model), plays episodes with the agent as it acts in training (sampled
 actions), scores every step with the checkpoint's reward ensemble as PPO sees it (normalised, shifted so the fallen
 state earns 0 when the run anchors it) and prints:
-- per episode: length, whether it fell, true return, mean forward velocity, the learned return;
+- per episode: length, whether it fell, true return, mean forward velocity, the share of steps on its back (torso
+  pitch beyond 90 degrees: HalfCheetah's known local optimum is running on its back), the learned return;
 - a least-squares fit of the learned step reward on the true reward's parts, learned ~ a + b * x_velocity: under the
   true reward (torque penalty removed) a step alive is worth 1 and each m/s of forward velocity 1, so a / b is 1; a
   learned reward with a / b far below 1 pays little for staying up, and an agent that trades falls for speed loses
-  little by it;
+  little by it (HalfCheetah's true reward is the forward velocity alone: a / b is 0 there);
 - the learned value of the fallen state, in the same units (0 when anchored).
+A true-reward run's checkpoint has no reward ensemble: then only the episodes are printed.
 
 Usage (from the repository root):
   python benchmark/notes/hopper_stall.py runs/NAME [--episodes 20] [--seed 100]
@@ -32,7 +34,7 @@ def play(env, agent, obs_rms, episodes, seed):
     played = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        observations, actions, rewards, velocities, fell, done = [], [], [], [], False, False
+        observations, actions, rewards, velocities, on_back, fell, done = [], [], [], [], [], False, False
         while not done:
             with torch.no_grad():
                 action, _, _, _ = agent.get_action_and_value(torch.as_tensor(ppo.normalize_obs(obs_rms, obs[None])))
@@ -42,8 +44,11 @@ def play(env, agent, obs_rms, episodes, seed):
             obs, reward, fell, truncated, info = env.step(action)
             rewards.append(reward)
             velocities.append(info["x_velocity"])
+            on_back.append(abs(env.unwrapped.data.qpos[2]) > np.pi / 2)  # qpos: x, z, pitch, ... in the 2D walkers
             done = fell or truncated
-        played.append((np.array(observations), np.array(actions), np.array(rewards), np.array(velocities), fell))
+        played.append(
+            (np.array(observations), np.array(actions), np.array(rewards), np.array(velocities), np.mean(on_back), fell)
+        )
     return played
 
 
@@ -61,19 +66,30 @@ def main():
     agent.load_state_dict(checkpoint["agent"])
     obs_rms = ppo.RunningMeanStd()
     obs_rms.load_state_dict(checkpoint["obs_rms"])
+    torch.manual_seed(cli.seed)
+    played = play(env, agent, obs_rms, cli.episodes, cli.seed)
+    if checkpoint["reward_ensemble"] is None:  # a true-reward run
+        print(f"{cli.run_dir}: step {checkpoint['global_step']}, true reward")
+        print("| episode | length | fell | true return | mean x velocity | on its back |")
+        print("|---|---|---|---|---|---|")
+        for i, (obs, act, rewards, velocities, on_back, fell) in enumerate(played):
+            print(
+                f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
+                f"| {on_back:.2f} |"
+            )
+        return
     ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
     ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
     absorbing = ensemble.normalized_absorbing_reward()
     shift = absorbing if args.get("anchor_absorbing", False) else 0.0
-    torch.manual_seed(cli.seed)
     print(
         f"{cli.run_dir}: step {checkpoint['global_step']}, fallen state's learned reward {absorbing - shift:+.3f} "
         f"(unanchored {absorbing:+.3f})"
     )
-    print("| episode | length | fell | true return | mean x velocity | learned return |")
-    print("|---|---|---|---|---|---|")
+    print("| episode | length | fell | true return | mean x velocity | on its back | learned return |")
+    print("|---|---|---|---|---|---|---|")
     learned_all, velocity_all = [], []
-    for i, (obs, act, rewards, velocities, fell) in enumerate(play(env, agent, obs_rms, cli.episodes, cli.seed)):
+    for i, (obs, act, rewards, velocities, on_back, fell) in enumerate(played):
         with torch.no_grad():
             learned = (
                 ensemble.normalized_reward(
@@ -85,7 +101,7 @@ def main():
         velocity_all.append(velocities)
         print(
             f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
-            f"| {learned.sum():.1f} |"
+            f"| {on_back:.2f} | {learned.sum():.1f} |"
         )
     learned, velocity = np.concatenate(learned_all), np.concatenate(velocity_all)
     (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(velocity), velocity], 1), learned, rcond=None)
@@ -93,8 +109,8 @@ def main():
     r2 = 1 - np.var(learned - fitted) / np.var(learned)
     print(
         f"learned step reward ~ {a:+.3f} + {b:+.3f} * x_velocity (R^2 {r2:.2f}); a / b = {a / b:.2f} "
-        f"(the true reward without torque penalty: 1.00); correlation with x velocity "
-        f"{np.corrcoef(learned, velocity)[0, 1]:.2f}"
+        f"(the true reward without torque penalty: 1.00 on Hopper and Walker2d, 0 on HalfCheetah); correlation with "
+        f"x velocity {np.corrcoef(learned, velocity)[0, 1]:.2f}"
     )
     print(f"mean learned step reward {learned.mean():+.3f}, std {learned.std():.3f}; steps {len(learned)}")
 
