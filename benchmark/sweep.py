@@ -23,6 +23,7 @@ run whose arguments the grid has changed since (steps, flags) is refused with a 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
     python benchmark/sweep.py local GRID --feedback true 700    # a batch: only these feedbacks' runs (also for slurm)
+    python benchmark/sweep.py local GRID --seeds 1 2 3 4        # a batch: only these seeds' runs (the filters combine)
     python benchmark/sweep.py slurm GRID [--cpus-per-task 1 --mem 4G --time 12:00:00 --partition P]
     python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
@@ -390,6 +391,7 @@ def main():
             command.add_argument(
                 "--feedback", nargs="+", default=None, help='only the runs of these feedbacks: "true", label counts'
             )
+            command.add_argument("--seeds", nargs="+", type=int, default=None, help="only the runs of these seeds")
         if name == "local":
             command.add_argument("--workers", type=int, default=os.cpu_count(), help="runs at once (default: cores)")
         if name == "slurm":
@@ -419,8 +421,16 @@ def main():
         if unknown:
             parser.error(f"--feedback {' '.join(unknown)}: not in the grid ({', '.join(known)})")
         modes = ["true" if f == "true" else f"labels{f}" for f in options.feedback]
+    seeds = getattr(options, "seeds", None)
+    if seeds:
+        known = sorted({run["seed"] for run in grid["runs"]})
+        unknown = [seed for seed in seeds if seed not in known]
+        if unknown:
+            parser.error(f"--seeds {' '.join(map(str, unknown))}: not in the grid ({', '.join(map(str, known))})")
     batch = [
-        i for i, run in enumerate(grid["runs"]) if (not envs or run["env"] in envs) and (not modes or run["mode"] in modes)
+        i
+        for i, run in enumerate(grid["runs"])
+        if (not envs or run["env"] in envs) and (not modes or run["mode"] in modes) and (not seeds or run["seed"] in seeds)
     ]
     sweep_dir = sweep_folder(options.grid, options.out)
     if options.command == "local":

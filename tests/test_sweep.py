@@ -341,6 +341,19 @@ def test_a_batch_of_the_grid_keeps_each_runs_place_in_it(tmp_path):
     assert wrong.returncode != 0 and "--feedback 700: not in the grid (true, 30)" in wrong.stderr
 
 
+def test_a_batch_can_be_some_seeds_of_the_grid(tmp_path):
+    # e.g. seeds 1-4 of a task on a borrowed 16-core machine, seed 5 here
+    grid, out = write_grid(tmp_path, envs={"position": {}, "pixels": {}}, seeds=[1, 2]), tmp_path / "out"
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--seeds", "2")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=1,3,5,7\n" in (out / "slurm_array.sh").read_text()  # each env: true 1, 2, then 30 labels 1, 2
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--envs", "pixels", "--feedback", "30", "--seeds", "1")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=6\n" in (out / "slurm_array.sh").read_text()
+    wrong = sweep("local", grid, "--out", out, "--seeds", "2", "9")
+    assert wrong.returncode != 0 and "--seeds 9: not in the grid (1, 2)" in wrong.stderr
+
+
 def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_the_start(tmp_path):
     # Reacher's returns are negative: an RLHF run at -8 against a true-reward run at -4 is worse, not 2x better. The
     # ratio then counts from where the runs started (the first logged returns): (-8 - -40) / (-4 - -40) = 0.89
