@@ -1,5 +1,6 @@
 # PPO on MuJoCo from preferences (Christiano et al. 2017, "C17"): docs in README.md, results in benchmark/README.md
 import copy
+import ctypes.util
 import difflib
 import json
 import math
@@ -17,7 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering for --capture-video; must be set before mujoco loads
+if sys.platform.startswith("linux") and ctypes.util.find_library("EGL"):
+    # headless rendering (clips for people, --capture-video); must be set before mujoco loads. Without an EGL library
+    # (some cluster nodes, macOS) MuJoCo would fail to load with it: there MuJoCo picks its own backend
+    os.environ.setdefault("MUJOCO_GL", "egl")
 
 import gymnasium as gym
 import imageio

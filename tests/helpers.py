@@ -19,9 +19,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 SCRIPT = Path(__file__).resolve().parents[1] / "rlhf_ppo_mujoco.py"
 
 
-def run_script(cwd, args, timeout=300, script=SCRIPT):
+def run_script(cwd, args, timeout=300, script=SCRIPT, env=None):
     return subprocess.run(
-        [sys.executable, str(script), *args.split()], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(script), *args.split()], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )
 
 

@@ -1,5 +1,6 @@
 """rlhf_ppo_mujoco.py run as a user runs it: in a subprocess, judged by what it writes (TensorBoard, labels, checkpoint)."""
 
+import os
 import re
 import signal
 
@@ -76,6 +77,32 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
     assert not (run_dir / "labels.npz").exists()
     # no pretraining rollouts: PPO updates from the first rollout on (TINY's 8 envs x 64 steps)
     assert logged["losses/policy_loss"][0][0] == 8 * 64
+
+
+# a machine without an EGL library (a cluster node, macOS): ctypes finds and loads no libEGL
+NO_EGL = """
+import ctypes, ctypes.util
+find_library, load = ctypes.util.find_library, ctypes.CDLL.__init__
+ctypes.util.find_library = lambda name: None if "EGL" in name else find_library(name)
+def load_all_but_egl(self, name, *args, **kwargs):
+    if name and "libEGL" in str(name):
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+    load(self, name, *args, **kwargs)
+ctypes.CDLL.__init__ = load_all_but_egl
+"""
+
+
+def test_a_machine_without_egl_runs_the_script_when_nothing_is_rendered(tmp_path):
+    (tmp_path / "no_egl").mkdir()
+    (tmp_path / "no_egl" / "sitecustomize.py").write_text(NO_EGL)
+    env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"} | {"PYTHONPATH": str(tmp_path / "no_egl")}
+    args = "--env InvertedPendulum-v4 --feedback true-reward --total-timesteps 1024 --num-steps 512 --threads 1"
+    result = run_script(tmp_path, args, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 1024" in result.stdout
+    # the machine is simulated faithfully: asking for EGL there fails when MuJoCo loads
+    asked = run_script(tmp_path, args, env=env | {"MUJOCO_GL": "egl"})
+    assert asked.returncode != 0 and "import mujoco" in asked.stderr
 
 
 @pytest.mark.slow
