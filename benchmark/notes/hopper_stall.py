@@ -68,41 +68,40 @@ def main():
     obs_rms.load_state_dict(checkpoint["obs_rms"])
     torch.manual_seed(cli.seed)
     played = play(env, agent, obs_rms, cli.episodes, cli.seed)
-    if checkpoint["reward_ensemble"] is None:  # a true-reward run
+    with_reward_model = checkpoint["reward_ensemble"] is not None  # a true-reward run's checkpoint has none
+    if with_reward_model:
+        ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
+        ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
+        absorbing = ensemble.normalized_absorbing_reward()
+        shift = absorbing if args.get("anchor_absorbing", False) else 0.0
+        print(
+            f"{cli.run_dir}: step {checkpoint['global_step']}, fallen state's learned reward {absorbing - shift:+.3f} "
+            f"(unanchored {absorbing:+.3f})"
+        )
+    else:
         print(f"{cli.run_dir}: step {checkpoint['global_step']}, true reward")
-        print("| episode | length | fell | true return | mean x velocity | on its back |")
-        print("|---|---|---|---|---|---|")
-        for i, (obs, act, rewards, velocities, on_back, fell) in enumerate(played):
-            print(
-                f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
-                f"| {on_back:.2f} |"
-            )
-        return
-    ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
-    ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
-    absorbing = ensemble.normalized_absorbing_reward()
-    shift = absorbing if args.get("anchor_absorbing", False) else 0.0
     print(
-        f"{cli.run_dir}: step {checkpoint['global_step']}, fallen state's learned reward {absorbing - shift:+.3f} "
-        f"(unanchored {absorbing:+.3f})"
+        "| episode | length | fell | true return | mean x velocity | on its back |" + " learned return |" * with_reward_model
     )
-    print("| episode | length | fell | true return | mean x velocity | on its back | learned return |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|" + "---|" * with_reward_model)
     learned_all, velocity_all = [], []
     for i, (obs, act, rewards, velocities, on_back, fell) in enumerate(played):
-        with torch.no_grad():
-            learned = (
-                ensemble.normalized_reward(
-                    torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(act, dtype=torch.float32)
-                ).numpy()
-                - shift
-            )
-        learned_all.append(learned)
-        velocity_all.append(velocities)
-        print(
-            f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
-            f"| {on_back:.2f} | {learned.sum():.1f} |"
-        )
+        row = f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
+        row += f"| {on_back:.2f} |"
+        if with_reward_model:
+            with torch.no_grad():
+                learned = (
+                    ensemble.normalized_reward(
+                        torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(act, dtype=torch.float32)
+                    ).numpy()
+                    - shift
+                )
+            learned_all.append(learned)
+            velocity_all.append(velocities)
+            row += f" {learned.sum():.1f} |"
+        print(row)
+    if not with_reward_model:
+        return
     learned, velocity = np.concatenate(learned_all), np.concatenate(velocity_all)
     (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(velocity), velocity], 1), learned, rcond=None)
     fitted = a + b * velocity
