@@ -1,14 +1,15 @@
-"""What does a stalled Hopper (or Walker2d: the same reward, 1 per step alive plus the forward velocity) RLHF agent
+"""What does a stalled Hopper (or Walker2d, Ant: the same reward, 1 per step alive plus the forward velocity) RLHF agent
 do, and what does its learned reward pay for it? Loads a checkpoint of
 rlhf_ppo_mujoco.py (a run saved with --save-model), plays episodes with the agent as it acts in training (sampled
 actions), scores every step with the checkpoint's reward ensemble as PPO sees it (normalised, shifted so the fallen
 state earns 0 when the run anchors it) and prints:
 - per episode: length, whether it fell, true return, mean forward velocity, the share of steps on its back (torso
-  pitch beyond 90 degrees: HalfCheetah's known local optimum is running on its back), the learned return;
+  upside down: HalfCheetah's known local optimum is running on its back), the learned return;
 - a least-squares fit of the learned step reward on the true reward's parts, learned ~ a + b * x_velocity: under the
-  true reward (torque penalty removed) a step alive is worth 1 and each m/s of forward velocity 1, so a / b is 1; a
-  learned reward with a / b far below 1 pays little for staying up, and an agent that trades falls for speed loses
-  little by it (HalfCheetah's true reward is the forward velocity alone: a / b is 0 there);
+  true reward (torque penalty removed) a step alive is worth 1 and each m/s of forward velocity 1, so a / b is 1
+  (Ant's too: Ant-v4 leaves contact forces out of its reward by default); a learned reward with a / b far below 1
+  pays little for staying up, and an agent that trades falls for speed loses little by it (HalfCheetah's true reward
+  is the forward velocity alone: a / b is 0 there);
 - the learned value of the fallen state, in the same units (0 when anchored).
 A true-reward run's checkpoint has no reward ensemble: then only the episodes are printed.
 
@@ -28,6 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import rlhf_ppo_mujoco as ppo  # noqa: E402
 
 
+def upside_down(qpos, env_id):
+    """Whether the torso is upside down: in the 2D walkers (qpos: x, z, pitch, ...) its pitch is beyond 90 degrees;
+    Ant's torso is a free body (qpos: x, y, z, then its orientation as a quaternion w, x, y, z) whose own up axis
+    then points below the horizon."""
+    if env_id.startswith("Ant"):
+        _, qx, qy, _ = qpos[3:7]
+        return 1 - 2 * (qx * qx + qy * qy) < 0  # world z component of the torso's z axis
+    return abs(qpos[2]) > np.pi / 2
+
+
 def play(env, agent, obs_rms, episodes, seed):
     """Episodes of the agent sampling its actions: per episode (observations, actions, true rewards, x velocities,
     whether it fell)."""
@@ -44,7 +55,7 @@ def play(env, agent, obs_rms, episodes, seed):
             obs, reward, fell, truncated, info = env.step(action)
             rewards.append(reward)
             velocities.append(info["x_velocity"])
-            on_back.append(abs(env.unwrapped.data.qpos[2]) > np.pi / 2)  # qpos: x, z, pitch, ... in the 2D walkers
+            on_back.append(upside_down(env.unwrapped.data.qpos, env.spec.id))
             done = fell or truncated
         played.append(
             (np.array(observations), np.array(actions), np.array(rewards), np.array(velocities), np.mean(on_back), fell)
@@ -108,7 +119,7 @@ def main():
     r2 = 1 - np.var(learned - fitted) / np.var(learned)
     print(
         f"learned step reward ~ {a:+.3f} + {b:+.3f} * x_velocity (R^2 {r2:.2f}); a / b = {a / b:.2f} "
-        f"(the true reward without torque penalty: 1.00 on Hopper and Walker2d, 0 on HalfCheetah); correlation with "
+        f"(the true reward without torque penalty: 1.00 on Hopper, Walker2d and Ant, 0 on HalfCheetah); correlation with "
         f"x velocity {np.corrcoef(learned, velocity)[0, 1]:.2f}"
     )
     print(f"mean learned step reward {learned.mean():+.3f}, std {learned.std():.3f}; steps {len(learned)}")
