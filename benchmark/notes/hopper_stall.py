@@ -10,6 +10,8 @@ state earns 0 when the run anchors it) and prints:
   (Ant's too: Ant-v4 leaves contact forces out of its reward by default); a learned reward with a / b far below 1
   pays little for staying up, and an agent that trades falls for speed loses little by it (HalfCheetah's true reward
   is the forward velocity alone: a / b is 0 there);
+- where some steps are on the agent's back: what the learned reward pays there beyond the fit (the true reward pays
+  those steps as it pays upright ones), against upright steps, in m/s of forward velocity;
 - the learned value of the fallen state, in the same units (0 when anchored).
 A true-reward run's checkpoint has no reward ensemble: then only the episodes are printed.
 
@@ -58,7 +60,7 @@ def play(env, agent, obs_rms, episodes, seed):
             on_back.append(upside_down(env.unwrapped.data.qpos, env.spec.id))
             done = fell or truncated
         played.append(
-            (np.array(observations), np.array(actions), np.array(rewards), np.array(velocities), np.mean(on_back), fell)
+            (np.array(observations), np.array(actions), np.array(rewards), np.array(velocities), np.array(on_back), fell)
         )
     return played
 
@@ -95,10 +97,10 @@ def main():
         "| episode | length | fell | true return | mean x velocity | on its back |" + " learned return |" * with_reward_model
     )
     print("|---|---|---|---|---|---|" + "---|" * with_reward_model)
-    learned_all, velocity_all = [], []
+    learned_all, velocity_all, on_back_all = [], [], []
     for i, (obs, act, rewards, velocities, on_back, fell) in enumerate(played):
         row = f"| {i} | {len(rewards)} | {'yes' if fell else 'no'} | {rewards.sum():.1f} | {velocities.mean():.2f} "
-        row += f"| {on_back:.2f} |"
+        row += f"| {on_back.mean():.2f} |"
         if with_reward_model:
             with torch.no_grad():
                 learned = (
@@ -109,6 +111,7 @@ def main():
                 )
             learned_all.append(learned)
             velocity_all.append(velocities)
+            on_back_all.append(on_back)
             row += f" {learned.sum():.1f} |"
         print(row)
     if not with_reward_model:
@@ -123,6 +126,13 @@ def main():
         f"x velocity {np.corrcoef(learned, velocity)[0, 1]:.2f}"
     )
     print(f"mean learned step reward {learned.mean():+.3f}, std {learned.std():.3f}; steps {len(learned)}")
+    on_back = np.concatenate(on_back_all)
+    if on_back.any() and not on_back.all():  # what the fit misses on the back, where the true reward pays as upright
+        residual = (learned - fitted) / b  # in m/s of forward velocity: the true reward's alive bonus is 1 of them
+        print(
+            f"learned minus fitted reward, over b: {residual[on_back].mean():+.3f} on its back "
+            f"({on_back.sum()} steps), {residual[~on_back].mean():+.3f} upright"
+        )
 
 
 if __name__ == "__main__":
