@@ -304,14 +304,26 @@ def ratio_to_true(final, true_final, start):
     return (final - start) / (true_final - start) if true_final > start else None  # no progress to measure against
 
 
+def ratio_standard_error(finals, true_finals, start):
+    """The standard error of ratio_to_true over seeds: each mean's standard error (the seeds' sample std over the
+    square root of their number), relative to the mean counted from `start` where the ratio is, added in quadrature
+    (first-order propagation). None where either mode has a single seed."""
+    if len(finals) < 2 or len(true_finals) < 2:
+        return None
+    shift = 0.0 if true_finals.mean() > 0 else start
+    relative = [(values.std(ddof=1) / np.sqrt(len(values))) / (values.mean() - shift) for values in (finals, true_finals)]
+    return abs(ratio_to_true(finals.mean(), true_finals.mean(), start)) * float(np.hypot(*relative))
+
+
 def mode_order(mode):
     return -1 if mode == "true" else int(mode[len("labels") :])
 
 
 def write_report(grid, sweep_dir):
     """figure.png (a panel per env: mean true return over seeds, shaded +- one standard deviation, per mode) and
-    table.md (final return per env and mode, its ratio to the true-reward runs, C17's claim). A mode with finished
-    runs is drawn and judged on those alone; one with none yet on its runs so far, cut to the steps all reached."""
+    table.md (final return per env and mode, its ratio to the true-reward runs with its standard error, C17's claim).
+    A mode with finished runs is drawn and judged on those alone; one with none yet on its runs so far, cut to the
+    steps all reached."""
     found = curves(grid, sweep_dir)
     if not found:
         print("no run has logged progress yet")
@@ -333,7 +345,7 @@ def write_report(grid, sweep_dir):
     budgets = [f"labels{feedback}" for feedback in grid["feedback"] if feedback != "true"]
     colors = {"true": "black"} | {mode: f"C{i}" for i, mode in enumerate(budgets)}  # a budget's colour in every panel
     for axis, env in zip(axes.flat, envs):
-        true_final = None
+        true_final, true_finals = None, None
         start = np.mean([returns[0] for runs in found[env].values() for _, returns, _ in runs])
         for mode in sorted(found[env], key=mode_order):
             # the finished seeds where there are any: cut to a stopped run's last step, they would read as early returns
@@ -345,14 +357,16 @@ def write_report(grid, sweep_dir):
             axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colors[mode])
             final = returns[:, -1]
             if mode == "true":
-                true_final = final.mean()
+                true_final, true_finals = final.mean(), final
             ratio = None if mode == "true" else ratio_to_true(final.mean(), true_final, start)
+            error = None if ratio is None else ratio_standard_error(final, true_finals, start)
+            shown_ratio = "" if ratio is None else f"{ratio:.2f}" + ("" if error is None else f" ± {error:.2f}")
             claim = C17_CLAIM.get(mode_order(mode))
             judged = claim is not None and ratio is not None and finished  # runs under way are shown, not judged
             verdict = f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}" if judged else ""
             table.append(
                 f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(found[env][mode])} ({len(finished)}) | "
-                f"{fmt(final.mean())} ± {fmt(final.std())} | {'' if ratio is None else f'{ratio:.2f}'} | "
+                f"{fmt(final.mean())} ± {fmt(final.std())} | {shown_ratio} | "
                 f"{verdict} |"
             )
         if true_final is not None and true_final <= 0:
@@ -367,6 +381,11 @@ def write_report(grid, sweep_dir):
     figure.tight_layout()
     figure.savefig(sweep_dir / "figure.png", dpi=100)
     plt.close(figure)
+    table += [
+        "",
+        "± after a ratio: its standard error over the seeds (each mode's sample std over the square root of its seeds,"
+        " propagated to the ratio to first order); the claim is judged on the ratio itself.",
+    ]
     if from_start:
         table += [
             "",

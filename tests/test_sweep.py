@@ -381,3 +381,27 @@ def test_no_ratio_is_given_where_the_true_reward_runs_ended_below_their_start():
     assert ratio_to_true(-40.0, -20.0, -10.0) is None
     assert ratio_to_true(-8.0, -4.0, -40.0) == pytest.approx(32 / 36)
     assert ratio_to_true(900.0, 1000.0, -50.0) == pytest.approx(0.9)
+
+
+def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
+    # with a few seeds a shortfall can be noise: the table says how far the ratio's own spread reaches. Three seeds a
+    # mode; the standard error of a mean is the seeds' sample std over sqrt(3), and a ratio's relative error is the
+    # two means' relative errors added in quadrature (first-order propagation)
+    grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=["true", 350], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
+    out = tmp_path / "out"
+    finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (800.0, 1000.0, 900.0)}
+    for mode, values in finals.items():
+        for seed, value in enumerate(values, 1):
+            (out / f"Hopper-v4__{mode}__{seed}").mkdir(parents=True)
+            lines = [f"step {step}, SPS 100, true return {ret:.1f}" for step, ret in ((1000, 10.0), (2000, value))]
+            (out / f"Hopper-v4__{mode}__{seed}" / "run.log").write_text("\n".join(lines) + "\n")
+            (out / f"Hopper-v4__{mode}__{seed}" / "done.json").write_text("{}\n")
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0, result.stderr
+    labelled, true = np.array(finals["labels350"]), np.array(finals["true"])
+    ratio = labelled.mean() / true.mean()
+    relative = [values.std(ddof=1) / np.sqrt(len(values)) / values.mean() for values in (labelled, true)]
+    error = ratio * np.hypot(*relative)
+    table = (out / "table.md").read_text()
+    assert f"| 350 labels | 3 (3) | 900 ± 81.6 | {ratio:.2f} ± {error:.2f} | 0.90: met |" in table, table
+    assert "standard error" in table.split("|---|")[-1]  # the note under the table says what the ± is
