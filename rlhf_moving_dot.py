@@ -272,10 +272,9 @@ def fill_runtime_fields(args: Args) -> None:
 
 def validate_args(args: Args) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created; changes nothing."""
-    if min(args.num_envs, args.num_steps, args.num_minibatches, args.total_timesteps, args.episode_steps) < 1:
-        raise SystemExit(
-            "error: --num-envs, --num-steps, --num-minibatches, --total-timesteps and --episode-steps must be positive"
-        )
+    for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "episode_steps"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
     if args.batch_size % args.num_minibatches:
         raise SystemExit(
             f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "

@@ -49,7 +49,7 @@ class Args:
     """torch CPU threads (1 lets several runs share a machine)"""
     capture_video: bool = False
     """whether to capture videos of the agent performances (check out `videos` folder; with --eval-only, of the
-    evaluation episodes, in `videos/eval`)"""
+    evaluation episodes, in `runs/NAME/eval/videos`)"""
     video_format: Literal["mp4", "gif"] = "mp4"
     """format of --capture-video's clips; gif loops on a web page (README's gallery), about 15 frames/s in real time"""
     video_seconds: float = 0.0
@@ -76,8 +76,8 @@ class Args:
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
-    """the number of parallel game environments (stepped together, one policy call for all; 4 x 512 is about 2x faster
-    than CleanRL's 1 x 2048, its learning not yet shown equal: README "Changes to PPO")"""
+    """the number of parallel game environments (stepped together, one policy call for all; 4 x 512 runs 1.5-1.6x the
+    steps/s of 1 x 2048 here, its learning not yet shown equal: README "Changes to PPO")"""
     num_steps: int = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -113,7 +113,7 @@ class Args:
     """with --feedback scripted: the behaviour the teacher prefers, one of BEHAVIOURS (backflip: Hopper, backwards:
     HalfCheetah, one-leg: Walker2d)"""
     labels: int = 1400
-    """total number of preference labels to query over the run (C17: 700 or 1400)"""
+    """total number of preference labels to query over the run (C17 on MuJoCo: 350, 700 or 1400)"""
     segment_len: int = 50
     """steps per segment (C17 A.1: 15-60)"""
     pretrain_fraction: float = 0.25
@@ -142,7 +142,8 @@ class Args:
     reward_eval_every: int = 10
     """reward-training rounds between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
-    """standard deviation of the normalised learned reward given to PPO (C17 A.1: 1 on MuJoCo)"""
+    """standard deviation of the normalised learned reward, over the labelled steps (C17 A.1: 1 on MuJoCo); PPO's
+    return scaling divides any such scale away, so it changes the logged predicted returns only"""
     anchor_absorbing: bool = True
     """shift the normalised reward given to PPO so the absorbing (fallen) state earns 0, as under the true reward
     (README: episodes that end early)"""
@@ -184,8 +185,9 @@ class Args:
 def fill_runtime_fields(args: Args) -> None:
     """Set the fields computed from the flags (batch and minibatch sizes, iteration counts); refuses sizes that they
     cannot be computed from."""
-    if args.num_envs < 1 or args.num_steps < 1 or args.total_timesteps < 1:
-        raise SystemExit("error: --num-envs, --num-steps and --total-timesteps must be positive")
+    for flag in ("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be positive (got {getattr(args, flag)})")
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches:
         raise SystemExit(
@@ -522,8 +524,9 @@ def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
 def sample_segments(rng, rollout, segment_len, count):
     """Draw `count` segments of `segment_len` steps from a rollout (arrays shaped (steps, envs, ...)).
 
-    A segment may run into a termination: its remaining steps are absorbing steps (mask 0, true reward 0). Segments
-    that would cross a time-limit truncation or run off the end of the rollout are never drawn."""
+    A segment may run into a termination: its remaining steps are absorbing steps (mask 0, true reward 0), also where
+    they would reach past the end of the rollout. Segments that would cross a time-limit truncation, or run off the
+    end of the rollout with no termination before it, are never drawn."""
     obs, act, true_reward = rollout["obs"], rollout["act"], rollout["true_reward"]
     terminated, truncated = rollout["terminated"], rollout["truncated"]
     num_steps, num_envs = true_reward.shape
@@ -813,8 +816,9 @@ def train_reward_model(ensemble, optimizer, buffer, l2_coef, steps, batch_size, 
 
 @torch.no_grad()
 def label_step_rewards(ensemble, buffer):
-    """Each member's raw reward for every step of every label, (members, labels, 2, L), and the labels as tensors: one
-    pass over the labels for both validate_reward_model and fit_reward_normalization."""
+    """Each member's raw reward for every step of every label, (members, labels, 2, L), and the labels as tensors: the
+    inputs of validate_reward_model and fit_reward_normalization (RewardModelTraining._round makes the same pass on its
+    copy of the labels; tests and benchmark/holdout_split.py call this)."""
     _, _, labels = buffer.get()
     return ensemble(labels["obs"], labels["act"]), labels
 
@@ -941,7 +945,8 @@ class RewardModelTraining:
 
 
 def pretrain_reward_model(reward_training, buffer, args, rng):
-    """C17 A.1: --pretrain-epochs passes over the pretraining labels before RL starts, then a validation pass. First
+    """C17 A.1: --pretrain-epochs epochs of Adam steps on the pretraining labels before RL starts (each epoch as many
+    minibatches as the labels fill, drawn at random with replacement), then a validation pass. First
     the model's inputs are standardised by the observations of the pretraining labels (--reward-input-norm)."""
     if args.reward_input_norm:
         _, _, labels = buffer.get()
@@ -1243,7 +1248,7 @@ class HumanTeacher:
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
         self.save()
-        print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
+        print(f"{self.pending} pairs not yet in the label buffer saved to {self.pending_path} (asked again on --resume)")
         if run_finished:
             self._close_experiment()
 

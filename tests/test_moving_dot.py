@@ -699,6 +699,8 @@ BAD_SETTINGS = [
     ("--offline --feedback human", "--offline labels its database with the synthetic teacher"),
     ("--preference-db prefs.sqlite", "--preference-db is the database of --offline"),
     ("--labels 0", "--labels must be positive"),
+    ("--num-minibatches 0", "--num-minibatches must be positive"),
+    ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
     ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),
     ("--labels 100000 --total-timesteps 20000", "--labels 100000 is too large for this run"),
     ("--total-timesteps 8192", "leaves no RL after 8 pretraining rollouts"),

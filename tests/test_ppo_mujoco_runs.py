@@ -203,6 +203,9 @@ BAD_SETTINGS = [
     ("--labels 100000 --total-timesteps 100000", "--labels 100000 is too large for this run"),
     ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
     ("--num-minibatches 3", "must divide into --num-minibatches 3"),
+    ("--num-minibatches 0", "--num-minibatches must be positive"),  # was a ZeroDivisionError
+    ("--num-minibatches -4", "--num-minibatches must be positive"),  # was a run that never updated its policy
+    ("--update-epochs 0", "--update-epochs must be positive"),  # the same
     ("--env CartPole-v1", "is not a MuJoCo-style task"),
     ("--env-kwargs ctrl_cost_weight=0", "--env-kwargs must be a JSON object"),
     ('--env-kwargs {"no_such_keyword":1}', "cannot create Hopper-v4 with --env-kwargs"),
