@@ -334,6 +334,9 @@ def write_report(grid, sweep_dir):
         if "--total-timesteps" in run["args"]
     }
     envs = [env for env in grid["envs"] if env in found]
+    planned = {}  # (env, mode) -> the seeds the grid names
+    for run in grid["runs"]:
+        planned[run["env"], run["mode"]] = planned.get((run["env"], run["mode"]), 0) + 1
     columns = min(4, len(envs))
     rows_n = -(-len(envs) // columns)
     figure, axes = plt.subplots(rows_n, columns, figsize=(4 * columns, 3.2 * rows_n), squeeze=False)
@@ -365,7 +368,7 @@ def write_report(grid, sweep_dir):
             judged = claim is not None and ratio is not None and finished  # runs under way are shown, not judged
             verdict = f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}" if judged else ""
             table.append(
-                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {len(found[env][mode])} ({len(finished)}) | "
+                f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {planned[env, mode]} ({len(finished)}) | "
                 f"{fmt(final.mean())} ± {fmt(final.std())} | {shown_ratio} | "
                 f"{verdict} |"
             )

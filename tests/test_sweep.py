@@ -148,7 +148,7 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
     assert report.returncode == 0, report.stderr
     table = (out / "table.md").read_text()
     final = {name: progress(out / name / "run.log")[1][-1] for name in ("position__true__1", "position__labels30__1")}
-    assert f"| position | 10240 (at 10240) | true reward | 1 (1) | {final['position__true__1']:.1f} ± 0.0 |" in table
+    assert f"| position | 10240 (at 10240) | true reward | 2 (1) | {final['position__true__1']:.1f} ± 0.0 |" in table
     assert f"| position | 10240 (at 10240) | 30 labels | 2 (1) | {final['position__labels30__1']:.1f} ± 0.0 |" in table
 
 
@@ -405,3 +405,17 @@ def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
     table = (out / "table.md").read_text()
     assert f"| 350 labels | 3 (3) | 900 ± 81.6 | {ratio:.2f} ± {error:.2f} | 0.90: met |" in table, table
     assert "standard error" in table.split("|---|")[-1]  # the note under the table says what the ± is
+
+
+def test_the_table_counts_the_seeds_the_grid_plans_beside_those_done(tmp_path):
+    # a grid being extended (seeds 1-3 planned, one run so far) must not read as complete
+    grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=["true"], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
+    out = tmp_path / "out"
+    (out / "Hopper-v4__true__1").mkdir(parents=True)
+    (out / "Hopper-v4__true__1" / "run.log").write_text(
+        "step 1000, SPS 100, true return 10.0\nstep 2000, SPS 100, true return 20.0\n"
+    )
+    (out / "Hopper-v4__true__1" / "done.json").write_text("{}\n")
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "| true reward | 3 (1) | 20.0 ± 0.0 |" in (out / "table.md").read_text()
