@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -304,15 +305,15 @@ def ratio_to_true(final, true_final, start):
     return (final - start) / (true_final - start) if true_final > start else None  # no progress to measure against
 
 
-def ratio_standard_error(finals, true_finals, start):
-    """The standard error of ratio_to_true over seeds: each mean's standard error (the seeds' sample std over the
-    square root of their number), relative to the mean counted from `start` where the ratio is, added in quadrature
-    (first-order propagation). None where either mode has a single seed."""
+def ratio_standard_error(ratio, finals, true_finals, start):
+    """The standard error over seeds of `ratio` (ratio_to_true of the two modes' mean finals): each mean's standard
+    error (the seeds' sample std over the square root of their number), relative to the mean counted from `start`
+    where the ratio is, added in quadrature (first-order propagation). None where either mode has a single seed."""
     if len(finals) < 2 or len(true_finals) < 2:
         return None
     shift = 0.0 if true_finals.mean() > 0 else start
     relative = [(values.std(ddof=1) / np.sqrt(len(values))) / (values.mean() - shift) for values in (finals, true_finals)]
-    return abs(ratio_to_true(finals.mean(), true_finals.mean(), start)) * float(np.hypot(*relative))
+    return abs(ratio) * float(np.hypot(*relative))
 
 
 def mode_order(mode):
@@ -334,9 +335,7 @@ def write_report(grid, sweep_dir):
         if "--total-timesteps" in run["args"]
     }
     envs = [env for env in grid["envs"] if env in found]
-    planned = {}  # (env, mode) -> the seeds the grid names
-    for run in grid["runs"]:
-        planned[run["env"], run["mode"]] = planned.get((run["env"], run["mode"]), 0) + 1
+    planned = Counter((run["env"], run["mode"]) for run in grid["runs"])  # the seeds the grid names per env and mode
     columns = min(4, len(envs))
     rows_n = -(-len(envs) // columns)
     figure, axes = plt.subplots(rows_n, columns, figsize=(4 * columns, 3.2 * rows_n), squeeze=False)
@@ -362,7 +361,7 @@ def write_report(grid, sweep_dir):
             if mode == "true":
                 true_final, true_finals = final.mean(), final
             ratio = None if mode == "true" else ratio_to_true(final.mean(), true_final, start)
-            error = None if ratio is None else ratio_standard_error(final, true_finals, start)
+            error = None if ratio is None else ratio_standard_error(ratio, final, true_finals, start)
             shown_ratio = "" if ratio is None else f"{ratio:.2f}" + ("" if error is None else f" ± {error:.2f}")
             claim = C17_CLAIM.get(mode_order(mode))
             judged = claim is not None and ratio is not None and finished  # runs under way are shown, not judged

@@ -47,6 +47,15 @@ def sweep(*args, timeout=300, env=None):
     )
 
 
+def write_run_log(out, name, returns, done=True):
+    """A run's folder as the runner leaves it: a progress line per 1000 steps with these true returns (and done.json)."""
+    (out / name).mkdir(parents=True, exist_ok=True)
+    lines = [f"step {1000 * (i + 1)}, SPS 100, true return {value:.1f}" for i, value in enumerate(returns)]
+    (out / name / "run.log").write_text("\n".join(lines) + "\n")
+    if done:
+        (out / name / "done.json").write_text("{}\n")
+
+
 def final_step(log):
     steps, _, _ = progress(log)
     return steps[-1]
@@ -360,9 +369,7 @@ def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_th
     grid = write_grid(tmp_path, envs={"Reacher-v5": {}}, feedback=["true", 350], script="rlhf_ppo_mujoco.py")
     out = tmp_path / "out"
     for name, returns in (("Reacher-v5__true__1", (-40, -10, -4)), ("Reacher-v5__labels350__1", (-40, -20, -8))):
-        (out / name).mkdir(parents=True)
-        lines = [f"step {1000 * (i + 1)}, SPS 100, true return {value:.1f}" for i, value in enumerate(returns)]
-        (out / name / "run.log").write_text("\n".join(lines) + "\n")
+        write_run_log(out, name, returns, done=False)
     under_way = sweep("report", grid, "--out", out)  # no run finished: the rows are shown, not judged
     assert re.search(r"\| 350 labels \| 1 \(0\) \| -8\.0 ± 0\.0 \| 0\.89 \|  \|", under_way.stdout), under_way.stdout
     for name in ("Reacher-v5__true__1", "Reacher-v5__labels350__1"):
@@ -392,10 +399,7 @@ def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
     finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (800.0, 1000.0, 900.0)}
     for mode, values in finals.items():
         for seed, value in enumerate(values, 1):
-            (out / f"Hopper-v4__{mode}__{seed}").mkdir(parents=True)
-            lines = [f"step {step}, SPS 100, true return {ret:.1f}" for step, ret in ((1000, 10.0), (2000, value))]
-            (out / f"Hopper-v4__{mode}__{seed}" / "run.log").write_text("\n".join(lines) + "\n")
-            (out / f"Hopper-v4__{mode}__{seed}" / "done.json").write_text("{}\n")
+            write_run_log(out, f"Hopper-v4__{mode}__{seed}", (10.0, value))
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
     labelled, true = np.array(finals["labels350"]), np.array(finals["true"])
@@ -411,11 +415,7 @@ def test_the_table_counts_the_seeds_the_grid_plans_beside_those_done(tmp_path):
     # a grid being extended (seeds 1-3 planned, one run so far) must not read as complete
     grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=["true"], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
     out = tmp_path / "out"
-    (out / "Hopper-v4__true__1").mkdir(parents=True)
-    (out / "Hopper-v4__true__1" / "run.log").write_text(
-        "step 1000, SPS 100, true return 10.0\nstep 2000, SPS 100, true return 20.0\n"
-    )
-    (out / "Hopper-v4__true__1" / "done.json").write_text("{}\n")
+    write_run_log(out, "Hopper-v4__true__1", (10.0, 20.0))
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
     assert "| true reward | 3 (1) | 20.0 ± 0.0 |" in (out / "table.md").read_text()
