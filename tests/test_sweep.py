@@ -411,6 +411,25 @@ def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
     assert "standard error" in table.split("|---|")[-1]  # the note under the table says what the ± is
 
 
+def test_a_ratio_of_negative_returns_takes_its_standard_error_from_the_progress_made(tmp_path):
+    # Reacher's returns are negative: the ratio counts from the return the runs began with (start), so must its
+    # standard error. Runs that began at -40 and reached -8 +- 2 (labels) against -4 +- 1 (true reward)
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from sweep import ratio_standard_error, ratio_to_true
+
+    start = -40.0
+    finals, true_finals = np.array([-10.0, -8.0, -6.0]), np.array([-5.0, -4.0, -3.0])
+    ratio = ratio_to_true(finals.mean(), true_finals.mean(), start)
+    assert ratio == pytest.approx(32 / 36)
+    # each mean's standard error over the progress it made: 2/sqrt(3) over 32, 1/sqrt(3) over 36
+    expected = ratio * np.hypot(2 / np.sqrt(3) / 32, 1 / np.sqrt(3) / 36)
+    assert ratio_standard_error(ratio, finals, true_finals, start) == pytest.approx(expected)
+    # returns above 0 are taken as they are, whatever start was
+    assert ratio_standard_error(0.9, finals + 50, true_finals + 50, start) == pytest.approx(
+        0.9 * np.hypot(2 / np.sqrt(3) / 42, 1 / np.sqrt(3) / 46)
+    )
+
+
 def test_the_table_counts_the_seeds_the_grid_plans_beside_those_done(tmp_path):
     # a grid being extended (seeds 1-3 planned, one run so far) must not read as complete
     grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=["true"], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
