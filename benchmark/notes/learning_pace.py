@@ -5,10 +5,17 @@ the learned reward was still wrong when the run fell behind.
 
 Usage (from the repository root):
   python benchmark/notes/learning_pace.py "benchmark/sweeps/c17_mujoco/Hopper-v4__labels350__*/runs/*" [--steps 100000 200000]
+  python benchmark/notes/learning_pace.py --sweep benchmark/sweeps/c17_mujoco --env Hopper-v4
+The second form needs no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
+progress lines' true return (the last 10 episodes) at each step.
 """
 
 import argparse
+import collections
 import glob
+import re
+import sys
+from pathlib import Path
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -24,12 +31,33 @@ def latest_at(points, step):
     return earlier[-1] if earlier else float("nan")
 
 
+def modes_from_logs(sweep_dir, env, steps):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from plot import progress
+
+    by_mode = collections.defaultdict(list)
+    for log in sorted(Path(sweep_dir).glob(f"{env}__*__*/run.log")):
+        mode = re.match(rf"{re.escape(env)}__(\w+?)__\d+$", log.parent.name).group(1)
+        logged_steps, returns, _ = progress(log)
+        by_mode[mode].append([returns[logged_steps <= step][-1] if logged_steps[-1] >= step else np.nan for step in steps])
+    print(f"{env} in {sweep_dir}: mean over seeds of the true return of the last 10 episodes at each step")
+    print("| mode | seeds | " + " | ".join(f"{step // 1000}k" for step in steps) + " |")
+    print("|---|---|" + "---|" * len(steps))
+    for mode, rows in sorted(by_mode.items(), key=lambda item: (item[0] != "true", len(item[0]), item[0])):
+        means = np.nanmean(np.array(rows), axis=0)
+        print(f"| {mode} | {len(rows)} | " + " | ".join(f"{mean:.0f}" for mean in means) + " |")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("pattern", help="glob of run folders (runs/NAME)")
+    parser.add_argument("pattern", nargs="?", help="glob of run folders (runs/NAME)")
+    parser.add_argument("--sweep", help="a sweep's folder: read its run.log files instead (with --env)")
+    parser.add_argument("--env", default="Hopper-v4")
     parser.add_argument("--steps", type=int, nargs="+", default=[100000, 150000, 200000, 300000, 500000, 700000, 1000000])
     parser.add_argument("--window", type=int, default=50000, help="episodes that ended this many steps before each step")
     args = parser.parse_args()
+    if args.sweep:
+        return modes_from_logs(args.sweep, args.env, args.steps)
     print(f"at each step: mean true return / mean episode length of the episodes that ended in the {args.window} steps "
           "before it; RLHF runs also: labels held, reward model's correlation with the true reward")
     print("| run | " + " | ".join(f"{step // 1000}k" for step in args.steps) + " |")
