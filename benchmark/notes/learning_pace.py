@@ -58,8 +58,10 @@ def main():
     args = parser.parse_args()
     if args.sweep:
         return modes_from_logs(args.sweep, args.env, args.steps)
-    print(f"at each step: mean true return / mean episode length of the episodes that ended in the {args.window} steps "
-          "before it; RLHF runs also: labels held, reward model's correlation with the true reward")
+    print(
+        f"at each step: mean true return / mean episode length of the episodes that ended in the {args.window} steps "
+        "before it; RLHF runs also: labels held, reward model's correlation with the true reward"
+    )
     print("| run | " + " | ".join(f"{step // 1000}k" for step in args.steps) + " |")
     print("|---|" + "---|" * len(args.steps))
     for run_dir in sorted(glob.glob(args.pattern)):
