@@ -1,4 +1,4 @@
-"""How fast each run learns, from its TensorBoard log: at each checkpoint step, the mean true return and episode length
+"""How fast each run learns, from its TensorBoard log: at each of the given steps (--steps), the mean true return and episode length
 of the episodes that ended in the 50k steps before it, and (RLHF runs) the labels held and the reward model's
 correlation with the true reward on the latest rollout. Tells a run that is slow from one that is stuck, and whether
 the learned reward was still wrong when the run fell behind.
