@@ -437,3 +437,26 @@ def test_the_table_counts_the_seeds_the_grid_plans_beside_those_done(tmp_path):
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
     assert "| true reward | 3 (1) | 20.0 ± 0.0 |" in (out / "table.md").read_text()
+
+
+def test_a_budget_with_fewer_seeds_done_is_compared_with_the_true_reward_runs_of_the_same_seeds(tmp_path):
+    # a grid being extended: the true reward done on seeds 1-4, 350 labels on seeds 1-2 so far. Seeds differ far more
+    # than budgets do (Hopper's finals span 600-3000), so a ratio of 350 labels' seeds 1-2 to the true reward's seeds
+    # 1-4 would mostly measure which seeds were run: 950 / 1500 = 0.63 here, where seed for seed it is 950 / 1000
+    grid = write_grid(
+        tmp_path, envs={"Hopper-v4": {}}, feedback=["true", 350], seeds=[1, 2, 3, 4], script="rlhf_ppo_mujoco.py"
+    )
+    out = tmp_path / "out"
+    for seed, value in enumerate((900.0, 1100.0, 1900.0, 2100.0), 1):
+        write_run_log(out, f"Hopper-v4__true__{seed}", (10.0, value))
+    for seed, value in enumerate((850.0, 1050.0), 1):
+        write_run_log(out, f"Hopper-v4__labels350__{seed}", (10.0, value))
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0, result.stderr
+    labelled, true = np.array([850.0, 1050.0]), np.array([900.0, 1100.0])
+    ratio = labelled.mean() / true.mean()
+    error = ratio * np.hypot(*[values.std(ddof=1) / np.sqrt(2) / values.mean() for values in (labelled, true)])
+    table = (out / "table.md").read_text()
+    assert "| true reward | 4 (4) | 1500 ± 510 |" in table, table  # the true reward's row keeps all its seeds
+    assert f"| 350 labels | 4 (2) | 950 ± 100 | {ratio:.2f} ± {error:.2f} (seeds 1, 2) | 0.90: met |" in table, table
+    assert "(seeds ...) after a ratio: the seeds both" in table.split("|---|")[-1]  # the note under the table says why
