@@ -242,6 +242,8 @@ def validate_args(args: Args) -> None:
                 f"error: --behaviour {args.behaviour} reads {family}'s default observation ({obs_size} numbers); "
                 f"with --env-kwargs {args.env_kwargs} it has shape {obs_shape}"
             )
+    if args.capture_video or args.feedback == "human":
+        check_rendering(args.env, env_kwargs)
     if args.feedback == "true-reward":
         return
     if args.feedback == "human":
@@ -270,6 +272,23 @@ def validate_args(args: Args) -> None:
             f"{args.segment_len}-step segments, and the schedule asks for {per_iteration.max()} in one rollout. "
             "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer rollout."
         )
+
+
+def check_rendering(env_id, env_kwargs):
+    """Render one small frame now: clips for people and --capture-video need MuJoCo's offscreen rendering, and a machine
+    without it would otherwise fail at the first clip, with people labelling only after the pretraining rollouts."""
+    try:
+        env = make_render_env(env_id, 16, env_kwargs)
+        env.reset(seed=0)
+        env.render()
+        env.close()
+    except Exception as error:  # e.g. mujoco.FatalError: no OpenGL platform library loaded
+        raise SystemExit(
+            f"error: MuJoCo cannot render here ({type(error).__name__}: {error}), and --feedback human and "
+            "--capture-video need frames. On Linux without a display: install EGL (Debian: apt-get install libegl1) "
+            "and set MUJOCO_GL=egl, or install OSMesa (apt-get install libosmesa6) and set MUJOCO_GL=osmesa (slower); "
+            "with a display, MUJOCO_GL=glfw"
+        ) from None
 
 
 # RLHF: C17 A.1 label schedule

@@ -93,9 +93,7 @@ ctypes.CDLL.__init__ = load_all_but_egl
 
 
 def test_a_machine_without_egl_runs_the_script_when_nothing_is_rendered(tmp_path):
-    (tmp_path / "no_egl").mkdir()
-    (tmp_path / "no_egl" / "sitecustomize.py").write_text(NO_EGL)
-    env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"} | {"PYTHONPATH": str(tmp_path / "no_egl")}
+    env = without_egl(tmp_path)
     args = "--env InvertedPendulum-v4 --feedback true-reward --total-timesteps 1024 --num-steps 512 --threads 1"
     result = run_script(tmp_path, args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -103,6 +101,28 @@ def test_a_machine_without_egl_runs_the_script_when_nothing_is_rendered(tmp_path
     # the machine is simulated faithfully: asking for EGL there fails when MuJoCo loads
     asked = run_script(tmp_path, args, env=env | {"MUJOCO_GL": "egl"})
     assert asked.returncode != 0 and "import mujoco" in asked.stderr
+
+
+def without_egl(tmp_path):
+    """This process's environment as on a machine without an EGL library, MUJOCO_GL unset."""
+    (tmp_path / "no_egl").mkdir()
+    (tmp_path / "no_egl" / "sitecustomize.py").write_text(NO_EGL)
+    return {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"} | {"PYTHONPATH": str(tmp_path / "no_egl")}
+
+
+@pytest.mark.parametrize(
+    "asks_for_frames",
+    ["--feedback human --label-server http://127.0.0.1:9", "--feedback true-reward --capture-video"],
+)
+def test_a_machine_that_cannot_render_refuses_a_run_that_needs_frames_before_it_starts(tmp_path, asks_for_frames):
+    # clips for people (and --capture-video) are rendered offscreen by MuJoCo. Where it cannot render, the run must say
+    # so and how to fix it before it starts: not crash inside MuJoCo at the first frame, or, with people labelling, stop
+    # only after its pretraining rollouts and once the label server answers (here none does: it would wait for ever)
+    result = run_script(tmp_path, f"{TINY} --threads 1 {asks_for_frames}", env=without_egl(tmp_path), timeout=120)
+    assert result.returncode != 0
+    assert "cannot render" in result.stderr and "MUJOCO_GL=osmesa" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "pretraining" not in result.stdout and not (tmp_path / "runs").exists()  # refused before anything ran
 
 
 @pytest.mark.slow
