@@ -9,6 +9,7 @@ A grid is a JSON file (benchmark/grids/*.json):
      "steps": 1000000,                          # --total-timesteps
      "flags": "",                               # more flags for every run
      "env_flag": "--env",                       # how the script takes the env (the moving dot: "--observation")
+     "note": "",                                # written above the report's table: what the grid's runs are
      "envs": {"Hopper-v4": {"seeds": [1, 2, 3, 4, 5]},            # each may override seeds, steps, flags
               "Reacher-v5": {"steps": 300000, "flags": "--segment-len 15"}}}
 
@@ -69,6 +70,8 @@ def load_grid(path):
             raise SystemExit(f"error: the grid {path} has no '{key}' (see benchmark/sweep.py's docstring)")
     if not (ROOT / grid["script"]).is_file():
         raise SystemExit(f"error: the grid {path} names a script that is not in {ROOT}: {grid['script']}")
+    if not isinstance(grid.get("note", ""), str):
+        raise SystemExit(f"error: the grid {path}'s note must be a string (written above the report's table)")
     for feedback in grid["feedback"]:
         if feedback != "true" and not (isinstance(feedback, int) and feedback > 0):
             raise SystemExit(f'error: feedback must be "true" or a positive number of labels, not {feedback!r}')
@@ -340,7 +343,8 @@ def write_report(grid, sweep_dir):
     columns = min(4, len(envs))
     rows_n = -(-len(envs) // columns)
     figure, axes = plt.subplots(rows_n, columns, figsize=(4 * columns, 3.2 * rows_n), squeeze=False)
-    table = [
+    table = [grid["note"], ""] if grid.get("note") else []
+    table += [
         "| env | steps | feedback | seeds (done) | final true return, mean ± std | ratio to true reward | C17's claim |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -460,3 +460,18 @@ def test_a_budget_with_fewer_seeds_done_is_compared_with_the_true_reward_runs_of
     assert "| true reward | 4 (4) | 1500 ± 510 |" in table, table  # the true reward's row keeps all its seeds
     assert f"| 350 labels | 4 (2) | 950 ± 100 | {ratio:.2f} ± {error:.2f} (seeds 1, 2) | 0.90: met |" in table, table
     assert "(seeds ...) after a ratio: the seeds both" in table.split("|---|")[-1]  # the note under the table says why
+
+
+def test_the_grid_says_above_its_table_what_its_runs_are(tmp_path):
+    # a diagnostic grid (a patched script, a changed flag) reports its budgets as "N labels" like any other: its note
+    # says what they are, where a reader of the table sees it
+    note = "Diagnostic: the 30-label runs optimise the true reward, z-scored (benchmark/notes/some.patch)."
+    grid = write_grid(tmp_path, note=note)
+    out = tmp_path / "out"
+    for name in ("position__true__1", "position__labels30__1"):
+        write_run_log(out, name, (10.0, 20.0))
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "table.md").read_text().startswith(note + "\n\n| env |")
+    refused = sweep("report", write_grid(tmp_path, note=["not", "text"]), "--out", out)
+    assert refused.returncode != 0 and "note must be a string" in refused.stderr
