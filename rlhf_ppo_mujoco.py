@@ -1426,6 +1426,8 @@ def evaluate(checkpoint_path, args, video_dir=None):
     video_dir, episodes 0, 1, 8, ... are saved as clips in `video_dir/videos` (--capture-video)."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
     env_kwargs = json.loads(args.env_kwargs)
+    if video_dir is not None:
+        check_rendering(args.env, env_kwargs)
     env = make_env(args.env, 0, video_dir is not None, video_dir, env_kwargs, args.video_format, args.video_seconds)()
     obs_rms = RunningMeanStd()
     obs_rms.load_state_dict(checkpoint["obs_rms"])

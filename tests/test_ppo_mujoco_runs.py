@@ -54,6 +54,10 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
 
     # the same evaluation filmed as looping GIFs for a web page (README's gallery): the same episodes, cut at 0.16 s
     filming = " --capture-video --video-format gif --video-seconds 0.16"
+    # where MuJoCo cannot render, filming is refused with what to install, before an episode is played
+    unfilmed = run_script(tmp_path, f"--resume {run_dir} --eval-only" + filming, env=without_egl(tmp_path))
+    assert unfilmed.returncode != 0 and "cannot render" in unfilmed.stderr and "Traceback" not in unfilmed.stderr
+    assert not (run_dir / "eval").exists()
     filmed = run_script(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 2" + filming)
     assert filmed.returncode == 0, filmed.stderr
     assert filmed.stdout.splitlines()[-1] == evaluation.stdout.splitlines()[-1]
