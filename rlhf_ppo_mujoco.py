@@ -242,15 +242,15 @@ def validate_args(args: Args) -> None:
                 f"error: --behaviour {args.behaviour} reads {family}'s default observation ({obs_size} numbers); "
                 f"with --env-kwargs {args.env_kwargs} it has shape {obs_shape}"
             )
-    if args.capture_video or args.feedback == "human":
-        check_rendering(args.env, env_kwargs)
-    if args.feedback == "true-reward":
-        return
     if args.feedback == "human":
         if not args.label_server.startswith(("http://", "https://")):
             raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
         if not 16 <= args.clip_size <= 1024 or not 1 <= args.clip_fps <= 240:
             raise SystemExit("error: --clip-size must be in [16, 1024] and --clip-fps in [1, 240]")
+    if args.capture_video or args.feedback == "human":
+        check_rendering(args.env, env_kwargs)
+    if args.feedback == "true-reward":
+        return
     if args.labels <= 0:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
     if not 2 <= args.segment_len <= args.num_steps:

@@ -277,7 +277,7 @@ def status(grid, sweep_dir):
 
 # --- the report -------------------------------------------------------------------------------------------------------
 def curves(grid, sweep_dir):
-    """{env: {mode: [(seed, steps, returns, done) per seed that logged progress]}}, from the runs' logs."""
+    """{env: {mode: [(steps, returns, done) per seed that logged progress]}}, from the runs' logs."""
     found = {}
     for run in grid["runs"]:
         log = sweep_dir / run["name"] / "run.log"
@@ -285,7 +285,7 @@ def curves(grid, sweep_dir):
             steps, returns, _ = progress(log)
             if len(steps):
                 done = run_state(sweep_dir / run["name"]) == "done"
-                found.setdefault(run["env"], {}).setdefault(run["mode"], []).append((run["seed"], steps, returns, done))
+                found.setdefault(run["env"], {}).setdefault(run["mode"], []).append((steps, returns, done))
     return found
 
 
@@ -327,8 +327,7 @@ def write_report(grid, sweep_dir):
     """figure.png (a panel per env: mean true return over seeds, shaded +- one standard deviation, per mode) and
     table.md (final return per env and mode, its ratio to the true-reward runs with its standard error, C17's claim).
     A mode with finished runs is drawn and judged on those alone; one with none yet on its runs so far, cut to the
-    steps all reached. A ratio compares seed for seed: where a mode and the true reward have different seeds (a grid
-    being extended), on the seeds both have."""
+    steps all reached, and a budget is judged only once it and the true reward both have finished runs."""
     found = curves(grid, sweep_dir)
     if not found:
         print("no run has logged progress yet")
@@ -352,39 +351,32 @@ def write_report(grid, sweep_dir):
     budgets = [f"labels{feedback}" for feedback in grid["feedback"] if feedback != "true"]
     colors = {"true": "black"} | {mode: f"C{i}" for i, mode in enumerate(budgets)}  # a budget's colour in every panel
     for axis, env in zip(axes.flat, envs):
-        true_final_of = {}  # seed: the true-reward run's final return
-        start = np.mean([returns[0] for runs in found[env].values() for _, _, returns, _ in runs])
+        true_final, true_finals, true_finished = None, None, False
+        start = np.mean([returns[0] for runs in found[env].values() for _, returns, _ in runs])
         for mode in sorted(found[env], key=mode_order):
             # the finished seeds where there are any: cut to a stopped run's last step, they would read as early returns
-            finished = [run for run in found[env][mode] if run[3]]
-            seeds, steps_per_seed, returns_per_seed, _ = zip(*(finished or found[env][mode]))
-            steps, returns = on_common_steps(list(zip(steps_per_seed, returns_per_seed)))
+            finished = [(steps, returns) for steps, returns, done in found[env][mode] if done]
+            steps, returns = on_common_steps(finished or [(steps, returns) for steps, returns, _ in found[env][mode]])
             mean, std = returns.mean(0), returns.std(0)
             label = "true reward" if mode == "true" else f"{mode[len('labels') :]} labels"
             axis.plot(steps, mean, label=label, color=colors[mode])
             axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colors[mode])
             final = returns[:, -1]
             if mode == "true":
-                true_final_of = dict(zip(seeds, final))
-            # seed for seed: seeds differ more than budgets do, so other seeds' true returns would mostly measure them
-            shared = [i for i, seed in enumerate(seeds) if seed in true_final_of]
-            compared, true_compared = final[shared], np.array([true_final_of[seeds[i]] for i in shared])
-            ratio = None
-            if mode != "true" and shared:
-                ratio = ratio_to_true(compared.mean(), true_compared.mean(), start)
-            error = None if ratio is None else ratio_standard_error(ratio, compared, true_compared, start)
+                true_final, true_finals, true_finished = final.mean(), final, bool(finished)
+            ratio = None if mode == "true" else ratio_to_true(final.mean(), true_final, start)
+            error = None if ratio is None else ratio_standard_error(ratio, final, true_finals, start)
             shown_ratio = "" if ratio is None else f"{ratio:.2f}" + ("" if error is None else f" ± {error:.2f}")
-            if ratio is not None and (len(shared) < len(seeds) or len(shared) < len(true_final_of)):
-                shown_ratio += f" (seeds {', '.join(str(seeds[i]) for i in shared)})"
             claim = C17_CLAIM.get(mode_order(mode))
-            judged = claim is not None and ratio is not None and finished  # runs under way are shown, not judged
+            # runs under way, or true-reward runs under way, are shown, not judged
+            judged = claim is not None and ratio is not None and finished and true_finished
             verdict = f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}" if judged else ""
             table.append(
                 f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {planned[env, mode]} ({len(finished)}) | "
                 f"{fmt(final.mean())} ± {fmt(final.std())} | {shown_ratio} | "
                 f"{verdict} |"
             )
-        if true_final_of and np.mean(list(true_final_of.values())) <= 0:
+        if true_final is not None and true_final <= 0:
             from_start.append(f"{env} (start {fmt(start)})")
         axis.set_title(env)
         axis.set_xlabel("steps")
@@ -399,9 +391,7 @@ def write_report(grid, sweep_dir):
     table += [
         "",
         "± after a ratio: its standard error over the seeds (each mode's sample std over the square root of its seeds,"
-        " propagated to the ratio to first order); the claim is judged on the ratio itself. (seeds ...) after a ratio:"
-        " the seeds both the budget and the true reward have done, where those are not all of either's (a grid being"
-        " extended); the ratio and its verdict are on those seeds alone.",
+        " propagated to the ratio to first order); the claim is judged on the ratio itself.",
     ]
     if from_start:
         table += [

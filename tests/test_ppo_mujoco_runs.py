@@ -108,10 +108,11 @@ def test_a_machine_without_egl_runs_the_script_when_nothing_is_rendered(tmp_path
 
 
 def without_egl(tmp_path):
-    """This process's environment as on a machine without an EGL library, MUJOCO_GL unset."""
-    (tmp_path / "no_egl").mkdir()
+    """This process's environment as on a machine without an EGL library or a display, MUJOCO_GL unset."""
+    (tmp_path / "no_egl").mkdir(exist_ok=True)
     (tmp_path / "no_egl" / "sitecustomize.py").write_text(NO_EGL)
-    return {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"} | {"PYTHONPATH": str(tmp_path / "no_egl")}
+    unset = ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")
+    return {k: v for k, v in os.environ.items() if k not in unset} | {"PYTHONPATH": str(tmp_path / "no_egl")}
 
 
 @pytest.mark.parametrize(
