@@ -5,6 +5,7 @@ the learned reward was still wrong when the run fell behind.
 
 Usage (from the repository root):
   python benchmark/notes/learning_pace.py "benchmark/sweeps/c17_mujoco/Hopper-v4__labels350__*/runs/*" [--steps 100000 200000]
+  python benchmark/notes/learning_pace.py "PATTERN" --tag losses/entropy     # any logged scalar instead, its window mean
   python benchmark/notes/learning_pace.py --sweep benchmark/sweeps/c17_mujoco --env Hopper-v4
 The second form needs no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
 progress lines' true return (the last 10 episodes) at each step.
@@ -48,6 +49,18 @@ def modes_from_logs(sweep_dir, env, steps):
         print(f"| {mode} | {len(rows)} | " + " | ".join(f"{mean:.0f}" for mean in means) + " |")
 
 
+def tag_means(pattern, tag, steps, window):
+    print(f"at each step: the mean of {tag} over the {window} steps before it")
+    print("| run | " + " | ".join(f"{step // 1000}k" for step in steps) + " |")
+    print("|---|" + "---|" * len(steps))
+    for run_dir in sorted(glob.glob(pattern)):
+        events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+        events.Reload()
+        points = events.Scalars(tag)
+        name = run_dir.rstrip("/").split("/")[-3] if "/runs/" in run_dir else run_dir
+        print(f"| {name} | " + " | ".join(f"{mean_between(points, step - window, step):.2f}" for step in steps) + " |")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("pattern", nargs="?", help="glob of run folders (runs/NAME)")
@@ -55,9 +68,12 @@ def main():
     parser.add_argument("--env", default="Hopper-v4")
     parser.add_argument("--steps", type=int, nargs="+", default=[100000, 150000, 200000, 300000, 500000, 700000, 1000000])
     parser.add_argument("--window", type=int, default=50000, help="episodes that ended this many steps before each step")
+    parser.add_argument("--tag", help="instead: this logged scalar's mean over the window (e.g. losses/entropy)")
     args = parser.parse_args()
     if args.sweep:
         return modes_from_logs(args.sweep, args.env, args.steps)
+    if args.tag:
+        return tag_means(args.pattern, args.tag, args.steps, args.window)
     print(
         f"at each step: mean true return / mean episode length of the episodes that ended in the {args.window} steps "
         "before it; RLHF runs also: labels held, reward model's correlation with the true reward"
