@@ -276,7 +276,7 @@ def validate_args(args: Args) -> None:
 
 def check_rendering(env_id, env_kwargs):
     """Render one small frame now: clips for people and --capture-video need MuJoCo's offscreen rendering, and a machine
-    without it would otherwise fail at the first clip, with people labelling only after the pretraining rollouts."""
+    without it would otherwise fail at the first frame, which a human-feedback run renders after its first rollouts."""
     try:
         env = make_render_env(env_id, 16, env_kwargs)
         env.reset(seed=0)
