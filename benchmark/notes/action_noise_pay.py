@@ -14,7 +14,6 @@ Usage (from the repository root):
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 import rlhf_ppo_mujoco as ppo  # noqa: E402
+from hopper_stall import load_run  # noqa: E402  (this folder: a saved run's checkpoint, env, agent, reward model)
 
 
 def play(env, agent, obs_rms, episodes, seed, deterministic):
@@ -63,14 +63,8 @@ def main():
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seed", type=int, default=100)
     cli = parser.parse_args()
-    checkpoint = ppo.load_checkpoint(cli.run_dir)
-    args = checkpoint["args"]
-    env = ppo.make_env(args["env"], 0, False, None, json.loads(args["env_kwargs"]))()
+    checkpoint, env, agent, obs_rms, ensemble = load_run(cli.run_dir)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    agent = ppo.Agent(obs_dim, act_dim)
-    agent.load_state_dict(checkpoint["agent"])
-    obs_rms = ppo.RunningMeanStd()
-    obs_rms.load_state_dict(checkpoint["obs_rms"])
     np.random.seed(cli.seed)
     torch.manual_seed(cli.seed)
     sampled = play(env, agent, obs_rms, cli.episodes, cli.seed, deterministic=False)
@@ -89,9 +83,7 @@ def main():
     true_mean = np.array([true_step_reward(env, s, m) for s, m in zip(states, means)])
     true_noisy = np.array([[true_step_reward(env, s, a) for a in acts] for s, acts in zip(states, actions)]).mean(1)
     line += f"; true reward's gain from noise {(true_noisy - true_mean).mean() / true_mean.std():+.3f} std"
-    if checkpoint["reward_ensemble"] is not None:  # a true-reward run's checkpoint has none
-        ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
-        ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
+    if ensemble is not None:  # a true-reward run has none
         with torch.no_grad():
             o = torch.as_tensor(obs, dtype=torch.float32)
             learned_mean = ensemble.normalized_reward(o, torch.as_tensor(means, dtype=torch.float32)).numpy()

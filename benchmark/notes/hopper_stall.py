@@ -41,6 +41,24 @@ def upside_down(qpos, env_id):
     return abs(qpos[2]) > np.pi / 2
 
 
+def load_run(run_dir):
+    """A saved run (rlhf_ppo_mujoco.py --save-model): its checkpoint, a fresh env as the run made it, the agent, its
+    observation statistics, and its reward ensemble (None for a true-reward run, whose checkpoint has none)."""
+    checkpoint = ppo.load_checkpoint(run_dir)
+    args = checkpoint["args"]
+    env = ppo.make_env(args["env"], 0, False, None, json.loads(args["env_kwargs"]))()
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    agent = ppo.Agent(obs_dim, act_dim)
+    agent.load_state_dict(checkpoint["agent"])
+    obs_rms = ppo.RunningMeanStd()
+    obs_rms.load_state_dict(checkpoint["obs_rms"])
+    ensemble = None
+    if checkpoint["reward_ensemble"] is not None:
+        ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
+        ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
+    return checkpoint, env, agent, obs_rms, ensemble
+
+
 def play(env, agent, obs_rms, episodes, seed):
     """Episodes of the agent sampling its actions: per episode (observations, actions, true rewards, x velocities,
     whether it fell)."""
@@ -71,20 +89,12 @@ def main():
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=100)
     cli = parser.parse_args()
-    checkpoint = ppo.load_checkpoint(cli.run_dir)
+    checkpoint, env, agent, obs_rms, ensemble = load_run(cli.run_dir)
     args = checkpoint["args"]
-    env = ppo.make_env(args["env"], 0, False, None, json.loads(args["env_kwargs"]))()
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    agent = ppo.Agent(obs_dim, act_dim)
-    agent.load_state_dict(checkpoint["agent"])
-    obs_rms = ppo.RunningMeanStd()
-    obs_rms.load_state_dict(checkpoint["obs_rms"])
     torch.manual_seed(cli.seed)
     played = play(env, agent, obs_rms, cli.episodes, cli.seed)
-    with_reward_model = checkpoint["reward_ensemble"] is not None  # a true-reward run's checkpoint has none
+    with_reward_model = ensemble is not None
     if with_reward_model:
-        ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
-        ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
         absorbing = ensemble.normalized_absorbing_reward()
         shift = absorbing if args.get("anchor_absorbing", False) else 0.0
         print(

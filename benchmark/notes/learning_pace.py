@@ -49,18 +49,6 @@ def modes_from_logs(sweep_dir, env, steps):
         print(f"| {mode} | {len(rows)} | " + " | ".join(f"{mean:.0f}" for mean in means) + " |")
 
 
-def tag_means(pattern, tag, steps, window):
-    print(f"at each step: the mean of {tag} over the {window} steps before it")
-    print("| run | " + " | ".join(f"{step // 1000}k" for step in steps) + " |")
-    print("|---|" + "---|" * len(steps))
-    for run_dir in sorted(glob.glob(pattern)):
-        events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-        events.Reload()
-        points = events.Scalars(tag)
-        name = run_dir.rstrip("/").split("/")[-3] if "/runs/" in run_dir else run_dir
-        print(f"| {name} | " + " | ".join(f"{mean_between(points, step - window, step):.2f}" for step in steps) + " |")
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("pattern", nargs="?", help="glob of run folders (runs/NAME)")
@@ -73,11 +61,12 @@ def main():
     if args.sweep:
         return modes_from_logs(args.sweep, args.env, args.steps)
     if args.tag:
-        return tag_means(args.pattern, args.tag, args.steps, args.window)
-    print(
-        f"at each step: mean true return / mean episode length of the episodes that ended in the {args.window} steps "
-        "before it; RLHF runs also: labels held, reward model's correlation with the true reward"
-    )
+        print(f"at each step: the mean of {args.tag} over the {args.window} steps before it")
+    else:
+        print(
+            f"at each step: mean true return / mean episode length of the episodes that ended in the {args.window} "
+            "steps before it; RLHF runs also: labels held, reward model's correlation with the true reward"
+        )
     print("| run | " + " | ".join(f"{step // 1000}k" for step in args.steps) + " |")
     print("|---|" + "---|" * len(args.steps))
     for run_dir in sorted(glob.glob(args.pattern)):
@@ -87,6 +76,9 @@ def main():
         returns, lengths = events.Scalars("charts/episodic_return"), events.Scalars("charts/episodic_length")
         cells = []
         for step in args.steps:
+            if args.tag:
+                cells.append(f"{mean_between(events.Scalars(args.tag), step - args.window, step):.2f}")
+                continue
             cell = f"{mean_between(returns, step - args.window, step):.0f} / {mean_between(lengths, step - args.window, step):.0f}"
             if "labels/total" in tags:
                 labels = latest_at(events.Scalars("labels/total"), step)
