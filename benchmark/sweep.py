@@ -18,8 +18,10 @@ Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the s
 appended to run.log there, and done.json is written when it has run to the end. A run that was stopped (Ctrl-C,
 SIGTERM, a Slurm time limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint
 with the script's --resume; one that left no checkpoint starts again. So the same command can be repeated until the
-grid is complete; finished runs are skipped. A checkpoint resumes with the settings it was started with, so a stopped
-run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished at the old ones.
+grid is complete; finished runs are skipped, and a run under way is left alone (its task and its script hold run.lock in
+its folder, the script also after its task was killed). A checkpoint resumes with the settings it was started with, so a
+stopped run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished at the old
+ones.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
@@ -37,6 +39,7 @@ on where it stopped; submitting the same command again also resumes what is left
 """
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -97,10 +100,28 @@ def sweep_folder(grid_path, out):
 
 
 def run_state(folder):
-    """The run's state: "done", "stopped" (a checkpoint to resume from) or "new"."""
+    """The run's state: "done", "running" (a process holds its lock), "stopped" (a checkpoint to resume from) or
+    "new"."""
     if (folder / "done.json").exists():
         return "done"
+    if (folder / "run.lock").exists():
+        lock = lock_run(folder)
+        if lock is None:
+            return "running"
+        lock.close()
     return "stopped" if saved_run(folder) else "new"
+
+
+def lock_run(folder):
+    """The run's lock file, locked, or None where another process holds it. A task holds it, and hands it to its
+    script, while the run goes on: the lock ends with the last of them, a killed one too."""
+    lock = open(folder / "run.lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
 
 
 def saved_run(folder):
@@ -125,6 +146,10 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     if run_state(folder) == "done":
         return "done"
     folder.mkdir(parents=True, exist_ok=True)
+    lock = lock_run(folder)  # two processes of one run would write one log and one checkpoint
+    if lock is None:
+        print(f"error: {run['name']} is running already (a process holds {folder / 'run.lock'})", file=sys.stderr)
+        return "running"
     previous = saved_run(folder)
     script = str(ROOT / grid["script"])
     if previous:
@@ -136,6 +161,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
                 f"  delete {folder} to start it again with the grid's settings, or restore the grid's old ones",
                 file=sys.stderr,
             )
+            lock.close()
             return "failed"
         command = [sys.executable, script, "--resume", str(previous.relative_to(folder))]
     else:
@@ -158,13 +184,14 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(signum, stop_child)
         started = time.monotonic()
-        children.append(subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT))
+        children.append(subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock.fileno(),)))
         if signalled:  # signalled while it started
             children[0].send_signal(signal.SIGTERM)
     returncode = children[0].wait()
     wall_s = time.monotonic() - started
     with open(log_path, "a") as log:
         log.write(f"# exit {returncode}, wall_s {wall_s:.1f}\n")
+    lock.close()  # before a requeue: the run's next start must find it free
     with open(log_path) as log:
         log.seek(attempt_starts)
         interrupted = "interrupted at step" in log.read()
@@ -184,16 +211,17 @@ def not_done(grid, sweep_dir, indices):
 
 
 def run_local(grid, sweep_dir, workers, indices):
-    """The runs at `indices` not done, `workers` at a time, each as a `task` process (Ctrl-C stops them all; they
-    save)."""
+    """The runs at `indices` not done, `workers` at a time, each as a `task` process (Ctrl-C or SIGTERM stops them
+    all; they save)."""
     todo = not_done(grid, sweep_dir, indices)
     print(f"{len(indices) - len(todo)} of {len(indices)} runs done; running {len(todo)}, {workers} at a time")
     running = {}
     stopping = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum) or signal.raise_signal(signal.SIGINT))
+    # `kill` or a scheduler; not through Ctrl-C's handler: a shell starts a background job (`nohup ... &`) without one
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:
-        while todo or running:
-            while todo and len(running) < workers and not stopping:
+        while (todo or running) and not stopping:
+            while todo and len(running) < workers:
                 index = todo.pop(0)
                 command = [sys.executable, __file__, "task", grid["path"], "--index", str(index), "--out", str(sweep_dir)]
                 running[subprocess.Popen(command, start_new_session=True)] = grid["runs"][index]["name"]
@@ -201,10 +229,9 @@ def run_local(grid, sweep_dir, workers, indices):
                 name = running.pop(task)
                 print(f"{name}: {run_state(sweep_dir / name)} (exit {task.returncode})")
             time.sleep(0.5)
-            if stopping and not running:
-                break
     except KeyboardInterrupt:
         stopping.append(signal.SIGINT)
+    if stopping:  # the tasks run in sessions of their own (Ctrl-C does not reach them): each stops its run
         print("stopping: each run saves at the end of its iteration; run the same command to resume")
         for task in running:
             task.send_signal(signal.SIGTERM)
@@ -270,7 +297,7 @@ def status(grid, sweep_dir):
     for run in grid["runs"]:
         state = run_state(sweep_dir / run["name"])
         states.setdefault(state, []).append(run["name"])
-    for state in ("done", "stopped", "new"):
+    for state in ("done", "running", "stopped", "new"):
         print(f"{state}: {len(states.get(state, []))}" + "".join(f"\n  {name}" for name in states.get(state, [])[:50]))
     return states
 

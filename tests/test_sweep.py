@@ -1,9 +1,11 @@
 """benchmark/sweep.py: a grid of runs on this machine (skipping finished runs, resuming stopped ones), its report from
 the logs, and the same grid as a Slurm job array on a one-node cluster that the test starts and stops."""
 
+import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -123,6 +125,83 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert final_step(log) == 10240
     assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
     assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
+
+
+def wait_until(condition, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline and not condition():
+        time.sleep(0.2)
+    return condition()
+
+
+def alive(pid):
+    """Whether the process runs (a zombie, exited but not reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def stop_processes_under(folder):
+    """Kill what a test left running in `folder` (sweeps and tasks name it; the scripts run in a run folder in it)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            named = str(folder) in proc.joinpath("cmdline").read_text() or str(folder) in os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if named and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def logged_steps(log):
+    return log.exists() and re.search(r"^step [1-9]\d{3},", log.read_text(), re.M) is not None
+
+
+def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
+    """`nohup python benchmark/sweep.py local GRID &` in a script, then `kill PID`: a shell starts a background job with
+    Ctrl-C ignored, so SIGTERM must stop the runs (each saves) by itself, not through Ctrl-C's handler."""
+    grid = write_grid(tmp_path, steps=50_000_000, flags=TINY_FLAGS + " --checkpoint-every 1")
+    out, sweep_log = tmp_path / "out", tmp_path / "sweep.log"
+    logs = [out / name / "run.log" for name in ("position__true__1", "position__labels30__1")]
+    command = f"nohup {shlex.quote(sys.executable)} {SWEEP} local {grid} --out {out} --workers 2 > {sweep_log} 2>&1 & echo $!"
+    pid = int(subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, check=True).stdout)
+    try:
+        assert wait_until(lambda: all(logged_steps(log) for log in logs), 180), sweep_log.read_text()
+        os.kill(pid, signal.SIGTERM)
+        assert wait_until(lambda: not alive(pid), 90), "the sweep went on after SIGTERM: " + sweep_log.read_text()
+        assert "stopping: each run saves at the end of its iteration" in sweep_log.read_text()
+        for log in logs:
+            text = log.read_text()
+            assert "interrupted at step" in text and re.search(r"^# exit 0, wall_s", text, re.M), text[-2000:]
+        sizes = [log.stat().st_size for log in logs]
+        time.sleep(3)
+        assert [log.stat().st_size for log in logs] == sizes  # no run goes on without its sweep
+    finally:
+        stop_processes_under(tmp_path)
+
+
+def test_a_run_under_way_is_not_started_a_second_time(tmp_path):
+    """A second sweep over the same folder (another terminal; a sweep started again while a killed one's runs go on)
+    must leave a running run alone: two processes of one run would write one log and one checkpoint."""
+    grid = write_grid(tmp_path, steps=50_000_000, feedback=["true"], flags=TINY_FLAGS + " --checkpoint-every 1")
+    out = tmp_path / "out"
+    log = out / "position__true__1" / "run.log"
+    task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "0", "--out", str(out)], cwd=ROOT)
+    try:
+        assert wait_until(lambda: logged_steps(log), 180)
+        second = sweep("task", grid, "--index", 0, "--out", out, timeout=60)
+        assert second.returncode == 1
+        assert "position__true__1 is running already" in second.stderr
+        assert "running: 1\n  position__true__1" in sweep("status", grid, "--out", out).stdout
+
+        task.kill()  # the task dies without a word (kill -9); its run goes on, and is still not started twice
+        task.wait()
+        local = sweep("local", grid, "--out", out, timeout=60)
+        assert "position__true__1 is running already" in local.stderr
+        assert len(re.findall(r"^# .* UTC, (?:started|resumed): ", log.read_text(), re.M)) == 1
+    finally:
+        stop_processes_under(tmp_path)
 
 
 def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_path):
@@ -312,15 +391,16 @@ def test_a_grid_runs_as_a_slurm_job_array_one_task_per_run(tmp_path, slurm_clust
 
 @pytest.mark.slow
 def test_a_task_stopped_before_its_time_limit_requeues_itself_and_resumes(tmp_path, slurm_cluster):
-    # a run far longer than its limit of one minute (a checkpoint every iteration); Slurm signals the task up to a
-    # minute before the limit (--signal-seconds 50): the run saves, the task requeues itself, and the run goes on
+    # a run far longer than its limit of two minutes (a checkpoint every iteration); Slurm signals the task up to a
+    # minute before the limit (--signal-seconds 50): the run saves, the task requeues itself, and the run goes on. (A
+    # limit of one minute left the run 10 s before the signal: on a loaded machine it was still importing, twice.)
     grid = write_grid(tmp_path, steps=50_000_000, feedback=["true"], flags="--checkpoint-every 1")
     out = tmp_path / "out"
-    result = sweep("slurm", grid, "--out", out, "--time", "1", "--signal-seconds", 50, "--mem", "500M", env=slurm_cluster)
+    result = sweep("slurm", grid, "--out", out, "--time", "2", "--signal-seconds", 50, "--mem", "500M", env=slurm_cluster)
     assert result.returncode == 0, result.stdout + result.stderr
     log = out / "position__true__1" / "run.log"
     resumed_and_stepping = re.compile(r"^# .* UTC, resumed: .*\n(.*\n)*step \d+,", re.M)
-    deadline = time.time() + 300
+    deadline = time.time() + 420
     while time.time() < deadline and not (log.exists() and resumed_and_stepping.search(log.read_text())):
         time.sleep(2)
     subprocess.run(["scancel", "--full", re.search(r"job array (\d+)", result.stdout)[1]], env=slurm_cluster)
