@@ -105,14 +105,14 @@ def run_state(folder):
     if (folder / "done.json").exists():
         return "done"
     if (folder / "run.lock").exists():
-        lock = lock_run(folder)
+        lock = lock_run(folder, warn=False)
         if lock is None:
             return "running"
         lock.close()
     return "stopped" if saved_run(folder) else "new"
 
 
-def lock_run(folder):
+def lock_run(folder, warn=True):
     """The run's lock file, locked, or None where another process holds it. A task holds it, and hands it to its
     script, while the run goes on: the lock ends with the last of them, a killed one too."""
     lock = open(folder / "run.lock", "a")
@@ -121,6 +121,12 @@ def lock_run(folder):
     except BlockingIOError:
         lock.close()
         return None
+    except OSError as error:  # a file system without locks (Lustre mounted without flock, say): run unguarded
+        if warn:
+            print(
+                f"warning: cannot lock {folder / 'run.lock'} ({error}): nothing keeps a second sweep off this run",
+                file=sys.stderr,
+            )
     return lock
 
 

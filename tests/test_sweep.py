@@ -204,6 +204,24 @@ def test_a_run_under_way_is_not_started_a_second_time(tmp_path):
         stop_processes_under(tmp_path)
 
 
+def test_a_file_system_without_locks_runs_the_run_unguarded_with_a_warning(tmp_path):
+    """Some cluster file systems refuse flock (Lustre without its flock option): the run must go on, not crash."""
+    grid, out = write_grid(tmp_path, feedback=["true"]), tmp_path / "out"
+    without_locks = (
+        "import errno, fcntl, runpy, sys\n"
+        "def refuse(*args): raise OSError(errno.ENOSYS, 'Function not implemented')\n"
+        "fcntl.flock = refuse\n"
+        f"sys.argv = [{str(SWEEP)!r}, 'task', {str(grid)!r}, '--index', '0', '--out', {str(out)!r}]\n"
+        f"runpy.run_path({str(SWEEP)!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", without_locks], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "warning: cannot lock" in result.stderr and "Function not implemented" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert final_step(out / "position__true__1" / "run.log") == 1536
+    assert (out / "position__true__1" / "done.json").exists()
+
+
 def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_path):
     """A checkpoint resumes with the settings it was started with: a grid whose steps (or flags) changed since would
     silently finish the run at the old ones, so the sweep says so and leaves the run as it is."""
