@@ -18,8 +18,8 @@ Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the s
 appended to run.log there, and done.json is written when it has run to the end. A run that was stopped (Ctrl-C,
 SIGTERM, a Slurm time limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint
 with the script's --resume; one that left no checkpoint starts again. So the same command can be repeated until the
-grid is complete; finished runs are skipped, and a run under way is left alone (its task and its script hold run.lock in
-its folder, the script also after its task was killed). A checkpoint resumes with the settings it was started with, so a
+grid is complete; finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on
+run.lock in its folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes with the settings it was started with, so a
 stopped run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished at the old
 ones.
 
@@ -45,6 +45,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -105,28 +106,40 @@ def run_state(folder):
     if (folder / "done.json").exists():
         return "done"
     if (folder / "run.lock").exists():
-        lock = lock_run(folder, warn=False)
-        if lock is None:
-            return "running"
-        lock.close()
+        with open(folder / "run.lock") as lock:  # a shared lock, for a moment: free unless a run holds it
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "running"
+            except OSError:  # a file system without locks
+                pass
     return "stopped" if saved_run(folder) else "new"
 
 
-def lock_run(folder, warn=True):
-    """The run's lock file, locked, or None where another process holds it. A task holds it, and hands it to its
-    script, while the run goes on: the lock ends with the last of them, a killed one too."""
-    lock = open(folder / "run.lock", "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return None
-    except OSError as error:  # a file system without locks (Lustre mounted without flock, say): run unguarded
-        if warn:
+def lock_run(folder):
+    """The run's lock file, locked and naming its holder, or None where another process holds it (tried for 2 s: a
+    `status` may hold it for a moment). A task holds it, and hands it to its script, while the run goes on: the lock
+    ends with the last of them, a killed one too."""
+    lock = open(folder / "run.lock", "a+")
+    for attempt in range(20):
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == 19:
+                lock.close()
+                return None
+            time.sleep(0.1)
+        except OSError as error:  # a file system without locks (Lustre mounted without flock, say): run unguarded
             print(
                 f"warning: cannot lock {folder / 'run.lock'} ({error}): nothing keeps a second sweep off this run",
                 file=sys.stderr,
             )
+            break
+    lock.truncate(0)
+    job = f", Slurm job {os.environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in os.environ else ""
+    lock.write(f"{socket.gethostname()}, process {os.getpid()}{job}\n")
+    lock.flush()
     return lock
 
 
@@ -154,8 +167,12 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     folder.mkdir(parents=True, exist_ok=True)
     lock = lock_run(folder)  # two processes of one run would write one log and one checkpoint
     if lock is None:
-        print(f"error: {run['name']} is running already (a process holds {folder / 'run.lock'})", file=sys.stderr)
+        holder = (folder / "run.lock").read_text().strip() or "unknown"
+        print(f"error: {run['name']} is running already ({folder / 'run.lock'} is held: {holder})", file=sys.stderr)
         return "running"
+    if run_state(folder) == "done":  # finished while this task waited for the lock
+        lock.close()
+        return "done"
     previous = saved_run(folder)
     script = str(ROOT / grid["script"])
     if previous:
@@ -197,13 +214,15 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     wall_s = time.monotonic() - started
     with open(log_path, "a") as log:
         log.write(f"# exit {returncode}, wall_s {wall_s:.1f}\n")
-    lock.close()  # before a requeue: the run's next start must find it free
     with open(log_path) as log:
         log.seek(attempt_starts)
         interrupted = "interrupted at step" in log.read()
-    if returncode == 0 and not interrupted and not signalled:
+    finished = returncode == 0 and not interrupted and not signalled
+    if finished:
         walls = [float(w) for w in re.findall(r"^# exit 0, wall_s ([\d.]+)$", log_path.read_text(), re.MULTILINE)]
         (folder / "done.json").write_text(json.dumps({"wall_s": sum(walls), "attempts": len(walls)}) + "\n")
+    lock.close()  # after done.json (a task waiting for the lock must see it), before a requeue (the next start needs it)
+    if finished:
         return "done"
     if on_signal_requeue and signal.SIGUSR1 in signalled and "SLURM_ARRAY_JOB_ID" in os.environ:
         task = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
@@ -224,10 +243,10 @@ def run_local(grid, sweep_dir, workers, indices):
     running = {}
     stopping = []
     # `kill` or a scheduler; not through Ctrl-C's handler: a shell starts a background job (`nohup ... &`) without one
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:
         while (todo or running) and not stopping:
-            while todo and len(running) < workers:
+            while todo and len(running) < workers and not stopping:
                 index = todo.pop(0)
                 command = [sys.executable, __file__, "task", grid["path"], "--index", str(index), "--out", str(sweep_dir)]
                 running[subprocess.Popen(command, start_new_session=True)] = grid["runs"][index]["name"]
@@ -244,6 +263,7 @@ def run_local(grid, sweep_dir, workers, indices):
         for task, name in running.items():
             task.wait()
             print(f"{name}: {run_state(sweep_dir / name)}")
+    signal.signal(signal.SIGTERM, previous_handler)
     return not stopping
 
 

@@ -192,7 +192,7 @@ def test_a_run_under_way_is_not_started_a_second_time(tmp_path):
         assert wait_until(lambda: logged_steps(log), 180)
         second = sweep("task", grid, "--index", 0, "--out", out, timeout=60)
         assert second.returncode == 1
-        assert "position__true__1 is running already" in second.stderr
+        assert "position__true__1 is running already" in second.stderr and f"process {task.pid}" in second.stderr
         assert "running: 1\n  position__true__1" in sweep("status", grid, "--out", out).stdout
 
         task.kill()  # the task dies without a word (kill -9); its run goes on, and is still not started twice
