@@ -19,9 +19,9 @@ appended to run.log there, and done.json is written when it has run to the end. 
 SIGTERM, a Slurm time limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint
 with the script's --resume; one that left no checkpoint starts again. So the same command can be repeated until the
 grid is complete; finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on
-run.lock in its folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes with the settings it was started with, so a
-stopped run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished at the old
-ones.
+run.lock in its folder, the script also after its task was killed; where the file system has working locks). A
+checkpoint resumes with the settings it was started with, so a stopped run whose arguments the grid has changed since
+(steps, flags) is refused with a message, not finished at the old ones.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
