@@ -89,44 +89,6 @@ def test_a_local_sweep_runs_each_run_once_and_reports_from_the_logs(tmp_path):
     assert {name: (out / name / "run.log").read_text() for name in last} == logs_before
 
 
-def stop_the_labelled_run_midway(grid, out, index=1, name="position__labels30__1"):
-    """Start the grid's run `index` as a task and stop it as Slurm does at a time limit; its log so far."""
-    log = out / name / "run.log"
-    task = subprocess.Popen(
-        [sys.executable, str(SWEEP), "task", str(grid), "--index", str(index), "--out", str(out)], cwd=ROOT
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and re.search(r"^step [1-9]\d{3},", log.read_text(), re.M)):
-        time.sleep(0.2)
-    task.send_signal(signal.SIGTERM)  # the run saves at the end of its iteration
-    assert task.wait(timeout=60) == 0
-    first = log.read_text()
-    assert "interrupted at step" in first
-    return first
-
-
-def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
-    # 40 iterations of 256 steps, a checkpoint every iteration: a stop lands in the middle
-    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
-    log = out / "position__labels30__1" / "run.log"
-    first = stop_the_labelled_run_midway(grid, out)
-    stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
-    assert 1024 <= stopped_at < 10240
-    status = sweep("status", grid, "--out", out)
-    assert "stopped: 1\n  position__labels30__1" in status.stdout
-
-    again = sweep("task", grid, "--index", 1, "--out", out)
-    assert again.returncode == 0, again.stderr
-    second = log.read_text()[len(first) :]
-    assert "resumed: " in second.splitlines()[0] and " --resume runs/MovingDot-v0-position__sweep__1__" in second
-    assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
-    first_step_after = int(re.search(r"^step (\d+),", second, re.M)[1])
-    assert first_step_after == stopped_at + 256  # on from where it stopped, not from the start
-    assert final_step(log) == 10240
-    assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
-    assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
-
-
 def wait_until(condition, seconds):
     deadline = time.time() + seconds
     while time.time() < deadline and not condition():
@@ -156,6 +118,42 @@ def stop_processes_under(folder):
 
 def logged_steps(log):
     return log.exists() and re.search(r"^step [1-9]\d{3},", log.read_text(), re.M) is not None
+
+
+def stop_the_labelled_run_midway(grid, out, index=1, name="position__labels30__1"):
+    """Start the grid's run `index` as a task and stop it as Slurm does at a time limit; its log so far."""
+    log = out / name / "run.log"
+    task = subprocess.Popen(
+        [sys.executable, str(SWEEP), "task", str(grid), "--index", str(index), "--out", str(out)], cwd=ROOT
+    )
+    wait_until(lambda: logged_steps(log), 120)
+    task.send_signal(signal.SIGTERM)  # the run saves at the end of its iteration
+    assert task.wait(timeout=60) == 0
+    first = log.read_text()
+    assert "interrupted at step" in first
+    return first
+
+
+def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
+    # 40 iterations of 256 steps, a checkpoint every iteration: a stop lands in the middle
+    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    log = out / "position__labels30__1" / "run.log"
+    first = stop_the_labelled_run_midway(grid, out)
+    stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
+    assert 1024 <= stopped_at < 10240
+    status = sweep("status", grid, "--out", out)
+    assert "stopped: 1\n  position__labels30__1" in status.stdout
+
+    again = sweep("task", grid, "--index", 1, "--out", out)
+    assert again.returncode == 0, again.stderr
+    second = log.read_text()[len(first) :]
+    assert "resumed: " in second.splitlines()[0] and " --resume runs/MovingDot-v0-position__sweep__1__" in second
+    assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
+    first_step_after = int(re.search(r"^step (\d+),", second, re.M)[1])
+    assert first_step_after == stopped_at + 256  # on from where it stopped, not from the start
+    assert final_step(log) == 10240
+    assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
+    assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
 
 
 def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
