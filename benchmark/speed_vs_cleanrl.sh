@@ -4,7 +4,9 @@
 # process at a time, alternating, repeated; then the medians and their ratios.
 # Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/speed_vs_cleanrl.sh [ENV] [STEPS] [REPEATS] [FLAGS FOR OURS...]
 # (from the repository root). Flags after the third argument go to both modes of rlhf_ppo_mujoco.py, e.g.
-# `bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 4 --num-steps 512`.
+# `bash benchmark/speed_vs_cleanrl.sh Hopper-v4 102400 3 --num-envs 4 --num-steps 512`. With BASE=REV (a git revision)
+# both modes of rlhf_ppo_mujoco.py as it was at REV run too, each beside its counterpart in every repeat: a change's
+# speed against the code before it, measured in the same run.
 #
 # CleanRL's script comes from the cleanrl 1.2.0 wheel on PyPI (pip download --no-deps; the wheel declares Python < 3.11,
 # hence --python-version 3.10; only this one file is used, with this project's packages) into benchmark/.cleanrl/,
@@ -21,11 +23,17 @@ repeats=${3:-3}
 shift $(($# < 3 ? $# : 3))
 extra=("$@")
 out=${OUT:-benchmark/logs/speed_vs_cleanrl}
+base=${BASE:-}
 cleanrl=benchmark/.cleanrl
 for tool in patch /usr/bin/time; do
   command -v "$tool" > /dev/null || { echo "error: $tool is missing (apt-get install -y patch time)" >&2; exit 1; }
 done
 mkdir -p "$out"
+runs=(cleanrl true-reward synthetic)
+if [ -n "$base" ]; then  # the script at REV, a single file, beside the working tree's
+  mkdir -p benchmark/.base && git show "$base:rlhf_ppo_mujoco.py" > benchmark/.base/rlhf_ppo_mujoco.py
+  runs+=(base-true-reward base-synthetic)
+fi
 
 if [ ! -f "$cleanrl/ppo_continuous_action.py" ]; then
   rm -rf "$cleanrl.tmp" && mkdir -p "$cleanrl.tmp"  # set up in a scratch folder, moved in place only when complete
@@ -42,17 +50,22 @@ timed() {  # timed LOG COMMAND...: the command's output, then its wall time, CPU
 for r in $(seq 1 "$repeats"); do
   timed "$out/cleanrl_$r.log" bash -c "cd $cleanrl && exec python ppo_continuous_action.py --env-id $env_id \
     --total-timesteps $steps --seed $r --cuda False"
-  timed "$out/true-reward_$r.log" python rlhf_ppo_mujoco.py --env "$env_id" --total-timesteps "$steps" --seed "$r" \
-    --feedback true-reward --exp-name speed_true "${extra[@]}"
-  timed "$out/synthetic_$r.log" python rlhf_ppo_mujoco.py --env "$env_id" --total-timesteps "$steps" --seed "$r" \
-    --feedback synthetic --labels 1400 --exp-name speed_rlhf "${extra[@]}"
+  for mode in true-reward synthetic; do  # with BASE: REV's run, then the working tree's, mode by mode
+    flags=(--feedback true-reward --exp-name speed_true)
+    [ "$mode" = synthetic ] && flags=(--feedback synthetic --labels 1400 --exp-name speed_rlhf)
+    for prefix in ${base:+base-} ""; do
+      script=rlhf_ppo_mujoco.py
+      [ "$prefix" = base- ] && script=benchmark/.base/rlhf_ppo_mujoco.py
+      timed "$out/$prefix${mode}_$r.log" python "$script" --env "$env_id" --total-timesteps "$steps" --seed "$r" \
+        "${flags[@]}" "${extra[@]}"
+    done
+  done
 done
 rm -rf "$cleanrl/runs"
 
-python - "$out" "$repeats" "$steps" <<'PY'
+python - "$out" "$repeats" "$steps" "${runs[@]}" <<'PY'
 import re, statistics, sys
-out, repeats, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-runs = ("cleanrl", "true-reward", "synthetic")
+out, repeats, steps, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 def figures(run, r):
     text = open(f"{out}/{run}_{r}.log").read()
     wall, user, system, rss = re.findall(r"wall_s ([\d.]+) cpu_s ([\d.]+) ([\d.]+) peak_rss_kb (\d+)", text)[-1]
@@ -74,4 +87,8 @@ print(f"whole-process steps/s over CleanRL's: true-reward {median['cleanrl'] / m
 print(f"the scripts' own SPS (after start-up), medians: " + ", ".join(f"{run} {sps[run]:.0f}" for run in runs)
       + f"; true-reward over CleanRL {sps['true-reward'] / sps['cleanrl']:.2f}x, synthetic over true-reward "
       f"{sps['synthetic'] / sps['true-reward']:.2f}")
+if "base-synthetic" in runs:
+    print(f"against the base revision's script (whole-process steps/s, new over base): true-reward "
+          f"{median['base-true-reward'] / median['true-reward']:.3f}x, synthetic {median['base-synthetic'] / median['synthetic']:.3f}x; "
+          f"base synthetic over base true-reward {median['base-true-reward'] / median['base-synthetic']:.2f}")
 PY
