@@ -22,7 +22,7 @@ while [ $(el) -lt $STOP ]; do
 done
 kill -TERM $(cat /tmp/sw.pids)
 for i in $(seq 50); do alive=0; for p in $(cat /tmp/sw.pids); do kill -0 $p 2>/dev/null && alive=1; done; [ $alive = 0 ] && break; sleep 1; done
-echo "stopped after $i s, t=$(el)"; tail -3 /tmp/sw_*.log
+echo "stopped after $i s, t=$(el)"; tail -n 3 /tmp/sw_*.log
 for f in /tmp/sw/*/run.log; do echo "$(basename $(dirname $f)): $(grep -v '^#' $f | tail -1 | cut -c1-150)"; done
 tar czf /tmp/snap.tgz -C /tmp --exclude='*.tmp' --exclude='run.lock' sw; split -b 15m /tmp/snap.tgz $OUT/snap.tgz.part_
 ls -la $OUT; echo "t=$(el)"
