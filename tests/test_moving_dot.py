@@ -603,7 +603,8 @@ def test_pretraining_pairs_are_random_whatever_the_selection(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # stopping and resuming
 
-LONG = TINY.replace("--total-timesteps 1536", "--total-timesteps 25600")  # 100 iterations: time to stop it in between
+LONG_STEPS = 10240  # 40 iterations: time to stop a run in between
+LONG = TINY.replace("--total-timesteps 1536", f"--total-timesteps {LONG_STEPS}")
 
 
 def events_since(run_dir, before):
@@ -642,7 +643,8 @@ def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
 def test_a_pixel_checkpoint_from_before_reward_form_resumes_with_its_action_form_model(tmp_path):
     """Frames now default to the progress form; a checkpoint saved before --reward-form existed holds an r(o, a) model
     (soft-argmax keypoints) and must go on with it, not fail to load into the new default."""
-    args = LONG + " --observation pixels --reward-form action --save-model --checkpoint-every 100000"
+    args = TINY.replace("--total-timesteps 1536", "--total-timesteps 5120")  # 20 iterations: stopped after the first
+    args += " --observation pixels --reward-form action --save-model --checkpoint-every 100000"
     out, err = interrupt_run(tmp_path, args, "step ", SCRIPT, sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
@@ -653,7 +655,7 @@ def test_a_pixel_checkpoint_from_before_reward_form_resumes_with_its_action_form
     resumed = run_dot(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr
     final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert final["global_step"] == 25600 and final["args"]["reward_form"] == "action"
+    assert final["global_step"] == 5120 and final["args"]["reward_form"] == "action"
     assert any(name.endswith("log_temperature") for name in final["reward_ensemble"])  # the soft-argmax keypoints
 
 
@@ -674,7 +676,7 @@ def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(t
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
-    assert 0 < stopped_at < 25600
+    assert 0 < stopped_at < LONG_STEPS
     before = set(run_dir.glob("events.*"))
     resumed = run_dot(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr

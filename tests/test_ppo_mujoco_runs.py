@@ -25,6 +25,8 @@ from helpers import (
 # a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 8 envs x 64 steps, 40 labels of 20-step segments
 TINY = "--env Hopper-v4 --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40 --segment-len 20"
 TINY += " --pretrain-epochs 5 --reward-eval-every 2"
+# a run to stop in RL and resume: 5 iterations of 512 steps after the first "step" line, 100 labels
+STOPPABLE = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --labels 100 --save-model"
 
 
 @pytest.mark.slow
@@ -137,7 +139,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path
 
 @pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path):
-    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
+    args = STOPPABLE
     (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
     whole = run_script(tmp_path / "whole", args, timeout=600)
     assert whole.returncode == 0, whole.stderr
@@ -145,7 +147,7 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path / "stopped")
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
-    assert 1536 <= stopped_at < 8192  # stopped in RL (the first "step" line is at 1536), before the end
+    assert 1536 <= stopped_at < 4096  # stopped in RL (the first "step" line is at 1536), before the end
     assert 0 < len(np.load(run_dir / "labels.npz")["mu"]) < 100
 
     resumed = run_script(tmp_path / "stopped", f"--resume {run_dir}", timeout=600)
@@ -167,7 +169,7 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
 def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
     """A run killed after a label save and before the next checkpoint resumes with more labels than its checkpoint
     knew of: it must ask only what the schedule still lacks, never a label twice, and never drop one."""
-    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --labels 100 --save-model"
+    args = STOPPABLE
     out, err = interrupt_run(tmp_path, args, "step ")
     assert "labels saved to" in out, err
     run_dir = only_run_dir(tmp_path)
@@ -267,7 +269,8 @@ def test_env_kwargs_give_c17s_reward_without_torque_penalties(tmp_path):
     returns = {}
     for name, kwargs in (("standard", "{}"), ("c17", '{"ctrl_cost_weight":0}')):
         (tmp_path / name).mkdir()
-        result = run_script(tmp_path / name, TINY + f" --feedback true-reward --env-kwargs {kwargs}")
+        first_rollout = TINY.replace("--total-timesteps 3072", "--total-timesteps 512")
+        result = run_script(tmp_path / name, first_rollout + f" --feedback true-reward --env-kwargs {kwargs}")
         assert result.returncode == 0, result.stderr
         logged = scalars(only_run_dir(tmp_path / name))
         returns[name] = [
@@ -295,7 +298,7 @@ def test_capture_video_writes_playable_clips(tmp_path):
 def test_a_checkpoint_from_before_reward_input_norm_resumes_with_raw_reward_inputs(tmp_path):
     # checkpoints written before --reward-input-norm have neither the flag nor the input statistics: such a run goes
     # on reading raw observations, and says so in its settings
-    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --save-model"
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --save-model"
     out, err = interrupt_run(tmp_path, args, "step ")
     run_dir = only_run_dir(tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
@@ -307,6 +310,6 @@ def test_a_checkpoint_from_before_reward_input_norm_resumes_with_raw_reward_inpu
     result = run_script(tmp_path, f"--resume {run_dir}", timeout=600)
     assert result.returncode == 0, result.stderr
     resumed = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert resumed["global_step"] == 8192 and resumed["args"]["reward_input_norm"] is False
+    assert resumed["global_step"] == 4096 and resumed["args"]["reward_input_norm"] is False
     assert torch.equal(resumed["reward_ensemble"]["input_mean"], torch.zeros(11))
     assert torch.equal(resumed["reward_ensemble"]["input_std"], torch.ones(11))

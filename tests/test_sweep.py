@@ -26,6 +26,8 @@ from plot import progress  # noqa: E402
 # the moving dot at its smallest: 2 pretraining rollouts of 4 envs x 64 steps, then 4 RL iterations (a few seconds)
 TINY_FLAGS = "--num-envs 4 --num-steps 64 --pretrain-steps 512 --segment-len 5 --episode-steps 100"
 TINY_FLAGS += " --pretrain-epochs 5 --reward-eval-every 2"
+# 16 iterations of 256 steps: with a checkpoint every iteration, a stop lands in the middle
+STOPPABLE_STEPS = 4096
 
 
 def write_grid(folder, steps=1536, **changes):
@@ -135,12 +137,11 @@ def stop_the_labelled_run_midway(grid, out, index=1, name="position__labels30__1
 
 
 def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
-    # 40 iterations of 256 steps, a checkpoint every iteration: a stop lands in the middle
-    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    grid, out = write_grid(tmp_path, steps=STOPPABLE_STEPS, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
     log = out / "position__labels30__1" / "run.log"
     first = stop_the_labelled_run_midway(grid, out)
     stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
-    assert 1024 <= stopped_at < 10240
+    assert 1024 <= stopped_at < STOPPABLE_STEPS
     status = sweep("status", grid, "--out", out)
     assert "stopped: 1\n  position__labels30__1" in status.stdout
 
@@ -151,7 +152,7 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
     first_step_after = int(re.search(r"^step (\d+),", second, re.M)[1])
     assert first_step_after == stopped_at + 256  # on from where it stopped, not from the start
-    assert final_step(log) == 10240
+    assert final_step(log) == STOPPABLE_STEPS
     assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
     assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
 
@@ -223,16 +224,17 @@ def test_a_file_system_without_locks_runs_the_run_unguarded_with_a_warning(tmp_p
 def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_path):
     """A checkpoint resumes with the settings it was started with: a grid whose steps (or flags) changed since would
     silently finish the run at the old ones, so the sweep says so and leaves the run as it is."""
-    grid, out = write_grid(tmp_path, steps=10240, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    grid, out = write_grid(tmp_path, steps=STOPPABLE_STEPS, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
     folder = out / "position__labels30__1"
     first = stop_the_labelled_run_midway(grid, out)
     checkpoints = sorted(p.stat().st_mtime for p in folder.glob("runs/*/checkpoint.pt"))
-    write_grid(tmp_path, steps=20480, flags=TINY_FLAGS + " --checkpoint-every 1")
+    write_grid(tmp_path, steps=2 * STOPPABLE_STEPS, flags=TINY_FLAGS + " --checkpoint-every 1")
 
     again = sweep("task", grid, "--index", 1, "--out", out)
     assert again.returncode == 1
     assert "position__labels30__1 was started with other settings than the grid's" in again.stderr
-    assert "--total-timesteps 10240" in again.stderr and "--total-timesteps 20480" in again.stderr
+    for steps in (STOPPABLE_STEPS, 2 * STOPPABLE_STEPS):
+        assert f"--total-timesteps {steps}" in again.stderr
     assert f"delete {folder}" in again.stderr
     assert (folder / "run.log").read_text() == first  # nothing ran
     assert sorted(p.stat().st_mtime for p in folder.glob("runs/*/checkpoint.pt")) == checkpoints
@@ -242,7 +244,7 @@ def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_p
 def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished(tmp_path):
     """A stopped run's log ends early: cutting the finished seeds' curves to its last step would report every seed at
     that step and judge C17's claim on returns from early in training."""
-    grid = write_grid(tmp_path, steps=10240, seeds=[1, 2], flags=TINY_FLAGS + " --checkpoint-every 1")
+    grid = write_grid(tmp_path, steps=STOPPABLE_STEPS, seeds=[1, 2], flags=TINY_FLAGS + " --checkpoint-every 1")
     out = tmp_path / "out"
     for index in (0, 2):  # position__true__1, position__labels30__1 run to the end
         assert sweep("task", grid, "--index", index, "--out", out).returncode == 0
@@ -252,8 +254,9 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
     assert report.returncode == 0, report.stderr
     table = (out / "table.md").read_text()
     final = {name: progress(out / name / "run.log")[1][-1] for name in ("position__true__1", "position__labels30__1")}
-    assert f"| position | 10240 (at 10240) | true reward | 2 (1) | {final['position__true__1']:.1f} ± 0.0 |" in table
-    assert f"| position | 10240 (at 10240) | 30 labels | 2 (1) | {final['position__labels30__1']:.1f} ± 0.0 |" in table
+    steps = f"{STOPPABLE_STEPS} (at {STOPPABLE_STEPS})"
+    assert f"| position | {steps} | true reward | 2 (1) | {final['position__true__1']:.1f} ± 0.0 |" in table
+    assert f"| position | {steps} | 30 labels | 2 (1) | {final['position__labels30__1']:.1f} ± 0.0 |" in table
 
 
 @pytest.mark.parametrize(
@@ -323,7 +326,7 @@ SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket={socket_path}
+AuthInfo=socket={socket_path},cred_expire=10
 CredType=cred/munge
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool
