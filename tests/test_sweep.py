@@ -319,6 +319,7 @@ def slurm_cluster(tmp_path):
     socket_path = folder / "munge.socket"
     host = socket.gethostname().split(".")[0]
     config = folder / "slurm.conf"
+    # cred_expire: Slurm holds a requeued job this long before starting it again (120 s by default)
     config.write_text(
         f"""ClusterName=sweeptest
 SlurmctldHost={host}(127.0.0.1)
