@@ -152,10 +152,10 @@ class Args:
     teacher_epsilon: float = 0.0
     """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
     teacher_skip_threshold: float = float("-inf")
-    """synthetic teacher skips a pair when both segment returns are below this (B-Pref); skipped pairs are not
+    """synthetic teacher skips a pair when both segments' undiscounted returns are below this (B-Pref); skipped pairs are not
     counted in --labels: new pairs are asked in their place"""
     teacher_equal_margin: float = 0.0
-    """synthetic teacher answers 'equal' when the returns differ by at most this (B-Pref); 0 = exact ties only"""
+    """synthetic teacher answers 'equal' when the undiscounted returns differ by at most this (B-Pref); 0 = exact ties only"""
     label_server: str = "http://127.0.0.1:8000"
     """with --feedback human: the address of label_server.py"""
     label_token: Optional[str] = None
@@ -299,6 +299,8 @@ def validate_args(args: Args) -> None:
             raise SystemExit("error: --clip-fps must be in [1, 240]")
     if args.labels <= 0:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
+    if args.pretrain_steps < 1:  # the initial policy's rollouts are where the reward model is first fitted
+        raise SystemExit(f"error: --pretrain-steps must be positive (got {args.pretrain_steps})")
     if not 1 <= args.segment_len <= args.num_steps:
         raise SystemExit(
             f"error: --segment-len {args.segment_len} must be between 1 and the rollout length --num-steps {args.num_steps}"
@@ -573,9 +575,14 @@ def reward_inputs(positions, act, observation):
 
 def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
     """C17 2.2.3 Bradley-Terry cross-entropy. P[left > right] = softmax over summed rewards, mixed with a
-    `label_noise` chance of a uniformly random answer; mu = 1 left preferred, 0 right, 0.5 equal."""
-    p_left = (1 - label_noise) * torch.sigmoid(returns_left - returns_right) + label_noise / 2
-    return -(mu * torch.log(p_left) + (1 - mu) * torch.log(1 - p_left))
+    `label_noise` chance of a uniformly random answer; mu = 1 left preferred, 0 right, 0.5 equal. Computed in log
+    space: with --label-noise 0 a sure model's sigmoid rounds to 1, and log(1 - 1) made the loss and its gradient NaN."""
+    margin = returns_left - returns_right
+    log_sure = math.log1p(-label_noise)
+    log_random = torch.tensor(label_noise / 2, dtype=margin.dtype).log()  # -inf without label noise
+    log_p_left = torch.logaddexp(log_sure + nn.functional.logsigmoid(margin), log_random)
+    log_p_right = torch.logaddexp(log_sure + nn.functional.logsigmoid(-margin), log_random)
+    return -(mu * log_p_left + (1 - mu) * log_p_right)
 
 
 # RLHF: segments and pair selection (C17 2.2.4). A segment is its dot positions, actions and true rewards; the
@@ -679,8 +686,10 @@ class SyntheticTeacher:
             mu = (self.rng.random(len(diff)) < p_left).astype(np.float64)
         mistakes = self.rng.random(len(diff)) < self.epsilon
         mu = np.where(mistakes, 1 - mu, mu)
-        mu = np.where(np.abs(diff) <= self.equal_margin, 0.5, mu)
-        return np.where(np.maximum(return_left, return_right) < self.skip_threshold, np.nan, mu)
+        # as in B-Pref, the equal margin and the skip threshold compare the plain sums, not the myopic ones
+        sum_left, sum_right = true_left @ np.ones(segment_len), true_right @ np.ones(segment_len)  # = the returns at gamma 1
+        mu = np.where(np.abs(sum_left - sum_right) <= self.equal_margin, 0.5, mu)
+        return np.where(np.maximum(sum_left, sum_right) < self.skip_threshold, np.nan, mu)
 
     def start(self):
         return self

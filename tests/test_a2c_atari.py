@@ -662,6 +662,7 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
     [
         ({"env": "Hopper-v4"}, "Hopper-v4 is not an Atari game"),
         ({"labels": 0}, "--labels must be positive"),
+        ({"pretrain_steps": 0}, "--pretrain-steps must be positive"),
         ({"pretrain_labels": 600, "labels": 500}, "--pretrain-labels must be between 1 and --labels 500"),
         ({"round_steps": 402}, "--round-steps 402 must be a positive multiple of --num-steps 5"),
         ({"segment_len": 500}, "--segment-len 500 must be between 2 and --round-steps 400"),

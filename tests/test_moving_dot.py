@@ -701,6 +701,7 @@ BAD_SETTINGS = [
     ("--offline --feedback human", "--offline labels its database with the synthetic teacher"),
     ("--preference-db prefs.sqlite", "--preference-db is the database of --offline"),
     ("--labels 0", "--labels must be positive"),
+    ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining
     ("--num-minibatches 0", "--num-minibatches must be positive"),
     ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
     ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),

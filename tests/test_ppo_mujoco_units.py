@@ -2,6 +2,7 @@
 label schedule. Expectations come from the definitions (C17, B-Pref) or from seeded statistics; nothing is trained
 on an environment."""
 
+import importlib
 import math
 import threading
 
@@ -120,6 +121,24 @@ def test_label_noise_bounds_the_loss_of_a_confidently_wrong_prediction():
     noiseless = [scalar_loss(-margin, 1.0, 0.0).item() for margin in (1, 5, 20, 50)]
     assert all(a < b for a, b in zip(noiseless, noiseless[1:]))
     assert noiseless[-1] > 49  # -log sigmoid(-50) ~ 50: nothing bounds it
+
+
+@pytest.mark.parametrize("script", ["rlhf_ppo_mujoco", "rlhf_a2c_atari", "rlhf_moving_dot"])
+@pytest.mark.parametrize("noise", [0.0, 1e-9])
+def test_a_sure_model_without_label_noise_keeps_a_finite_loss_and_gradient_in_float32(script, noise):
+    # --label-noise 0 (or below float32's resolution): sigmoid(20) rounds to 1 in float32, and 0 * log(0) was NaN in
+    # the loss and its gradient, which Adam then wrote into every weight
+    preference_loss = importlib.import_module(script).preference_loss
+    margins = np.array([-200.0, -20.0, -1.0, 1.0, 20.0, 200.0])
+    for mu in (0.0, 0.5, 1.0):
+        left = torch.tensor(margins, dtype=torch.float32, requires_grad=True)
+        loss = preference_loss(left, torch.zeros(6), torch.full((6,), mu), noise)
+        loss.sum().backward()
+        # the same loss in float64 from both sigmoids, each a small number computed without cancellation
+        p_left, p_right = (1 - noise) * sigmoid(margins) + noise / 2, (1 - noise) * sigmoid(-margins) + noise / 2
+        expected = -(mu * np.log(p_left) + (1 - mu) * np.log(p_right))
+        np.testing.assert_allclose(loss.detach().numpy(), expected, rtol=1e-5, atol=1e-6)
+        assert torch.isfinite(left.grad).all(), (mu, left.grad)
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.1])
@@ -629,6 +648,23 @@ def test_teacher_calls_pairs_within_the_margin_equal(rng):
     mu = rl.SyntheticTeacher(rng, equal_margin=margin).preferences(left, right)
     assert (np.abs(diff) <= margin).mean() > 0.05
     np.testing.assert_array_equal(mu, np.where(np.abs(diff) <= margin, 0.5, (diff > 0).astype(float)))
+
+
+@pytest.mark.parametrize("script", ["rlhf_ppo_mujoco", "rlhf_a2c_atari", "rlhf_moving_dot"])
+def test_a_myopic_teacher_skips_and_ties_on_the_undiscounted_returns_as_b_pref_does(script, rng):
+    # B-Pref's get_label: the skip threshold and the equal margin compare the segments' plain sums; only the choice
+    # between the two uses the discounted ones
+    left, right, diff = teacher_pairs(rng, length=4)
+    weights = 0.5 ** (3 - np.arange(4))
+    discounted = left @ weights - right @ weights
+    teacher = importlib.import_module(script).SyntheticTeacher(rng, gamma=0.5, equal_margin=0.5)
+    equal = np.abs(diff) <= 0.5
+    assert (equal != (np.abs(discounted) <= 0.5)).sum() > 1000
+    np.testing.assert_array_equal(teacher.preferences(left, right), np.where(equal, 0.5, (discounted > 0).astype(float)))
+    teacher = importlib.import_module(script).SyntheticTeacher(rng, gamma=0.5, skip_threshold=1.0)
+    skipped = np.maximum(left.sum(1), right.sum(1)) < 1.0
+    assert (skipped != (np.maximum(left @ weights, right @ weights) < 1.0)).sum() > 1000
+    np.testing.assert_array_equal(np.isnan(teacher.preferences(left, right)), skipped)
 
 
 @pytest.mark.parametrize("feedback", ["synthetic", "human"])
