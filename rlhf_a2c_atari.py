@@ -315,6 +315,8 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --num-envs, --num-steps, --total-timesteps, --log-every, --checkpoint-every must be positive")
     if args.reward_norm_window < 1 or not args.reward_std > 0:
         raise SystemExit("error: --reward-norm-window and --reward-std must be positive")
+    if not (args.reward_lr > 0 and args.learning_rate > 0):
+        raise SystemExit("error: --reward-lr and --learning-rate must be positive")
     if args.round_steps < 1 or args.round_steps % args.num_steps:
         raise SystemExit(
             f"error: --round-steps {args.round_steps} must be a positive multiple of --num-steps {args.num_steps}"
@@ -344,6 +346,12 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
     if args.pretrain_steps < 1:  # the initial policy's rollouts are where the reward model is first fitted
         raise SystemExit(f"error: --pretrain-steps must be positive (got {args.pretrain_steps})")
+    if not 0 < args.schedule_horizon < math.inf:
+        raise SystemExit(f"error: --schedule-horizon must be a positive number of steps (got {args.schedule_horizon})")
+    if not args.teacher_beta > 0:  # a random teacher is --teacher-epsilon 0.5
+        raise SystemExit("error: --teacher-beta must be positive (inf: the teacher always prefers the better clip)")
+    if not args.teacher_equal_margin >= 0:
+        raise SystemExit("error: --teacher-equal-margin must be at least 0 (0: exact ties only)")
     if not 1 <= args.pretrain_labels <= args.labels:
         raise SystemExit(f"error: --pretrain-labels must be between 1 and --labels {args.labels} (got {args.pretrain_labels})")
     if not 2 <= args.segment_len <= args.round_steps:

@@ -290,6 +290,8 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --offline labels its database with the synthetic teacher; use it with --feedback synthetic")
     if args.preference_db and not args.offline:
         raise SystemExit("error: --preference-db is the database of --offline; add --offline")
+    if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
+        raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
     if args.feedback == "true-reward":
         return
     if args.feedback == "human":
@@ -301,6 +303,17 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
     if args.pretrain_steps < 1:  # the initial policy's rollouts are where the reward model is first fitted
         raise SystemExit(f"error: --pretrain-steps must be positive (got {args.pretrain_steps})")
+    if not 0 < args.schedule_horizon < math.inf:
+        raise SystemExit(f"error: --schedule-horizon must be a positive number of steps (got {args.schedule_horizon})")
+    if not args.teacher_beta > 0:  # a random teacher is --teacher-epsilon 0.5
+        raise SystemExit("error: --teacher-beta must be positive (inf: the teacher always prefers the better clip)")
+    if not args.teacher_equal_margin >= 0:
+        raise SystemExit("error: --teacher-equal-margin must be at least 0 (0: exact ties only)")
+    reward_step_counts = (args.reward_batch_size, args.reward_updates, args.reward_eval_every)
+    if not (args.reward_std > 0 and args.reward_lr > 0) or min(reward_step_counts) < 1:
+        raise SystemExit(
+            "error: --reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be positive"
+        )
     if not 1 <= args.segment_len <= args.num_steps:
         raise SystemExit(
             f"error: --segment-len {args.segment_len} must be between 1 and the rollout length --num-steps {args.num_steps}"

@@ -671,6 +671,10 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
         ({"total_timesteps": 25760}, "reaches no label round after the 25600 pretraining steps"),
         ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),
         ({"reward_norm_window": 0}, "--reward-norm-window and --reward-std must be positive"),
+        ({"schedule_horizon": float("nan")}, "--schedule-horizon must be a positive number of steps"),
+        ({"teacher_beta": 0.0}, "--teacher-beta must be positive"),
+        ({"teacher_equal_margin": -0.5}, "--teacher-equal-margin must be at least 0"),
+        ({"reward_lr": 0.0}, "--reward-lr and --learning-rate must be positive"),
     ],
 )
 def test_impossible_settings_are_refused_with_a_message(settings, message):

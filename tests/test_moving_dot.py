@@ -710,7 +710,18 @@ BAD_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("args, message", BAD_SETTINGS)
+# numbers that were accepted and then crashed a run or silently changed it; checked in this process only
+BAD_NUMBERS = [
+    ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
+    ("--teacher-beta -1", "--teacher-beta must be positive"),
+    ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
+    ("--reward-std -1", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
+    ("--reward-batch-size 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every"),
+    ("--checkpoint-every 0", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_SETTINGS + BAD_NUMBERS)
 def test_validate_args_rejects_impossible_settings_with_a_message(args, message):
     settings = tyro.cli(dot.Args, args=args.split())
     dot.fill_runtime_fields(settings)

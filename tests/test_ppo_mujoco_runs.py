@@ -240,8 +240,23 @@ BAD_SETTINGS = [
 ]
 
 
+# numbers that were accepted and then crashed a run or silently changed it (a flipped or flat reward, no labels after
+# pretraining); checked in this process only
+BAD_NUMBERS = [
+    ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
+    ("--schedule-horizon nan", "--schedule-horizon must be a positive number of steps"),
+    ("--teacher-beta 0", "--teacher-beta must be positive"),
+    ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
+    ("--reward-std -1", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
+    ("--reward-updates 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
+    ("--reward-eval-every 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every"),
+    ("--checkpoint-every 0", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
+    ("--learning-rate -1", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
+]
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # validate_args probes Hopper-v4 (gymnasium prefers v5)
-@pytest.mark.parametrize("args, message", BAD_SETTINGS)
+@pytest.mark.parametrize("args, message", BAD_SETTINGS + BAD_NUMBERS)
 def test_impossible_settings_are_refused_with_a_message(args, message):
     settings = tyro.cli(rl.Args, args=args.split())
     with pytest.raises(SystemExit, match=re.escape(message)):
