@@ -1736,6 +1736,8 @@ if __name__ == "__main__":
 
         completed = iteration
         if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
+            if rlhf:  # the labels never trail the checkpoint, whenever the run is killed
+                save_labels(buffer, teacher, labels_path)
             save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng)
 
     # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels always, the

@@ -1788,6 +1788,8 @@ if __name__ == "__main__":
 
         completed, completed_step = iteration, global_step  # Infrastructure
         if args.save_model and iteration % args.checkpoint_every == 0:
+            if rlhf:  # the labels never trail the checkpoint, whenever the run is killed
+                save_labels(buffer, teacher, labels_path)
             checkpoint_now()
 
     # Infrastructure: the run ended, was stopped at the end of an iteration, or cannot go on: nothing is lost (labels

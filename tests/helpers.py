@@ -55,6 +55,24 @@ def assert_sigterm_stops_like_ctrl_c(cwd, args, script=SCRIPT):
     assert 0 < checkpoint["global_step"] <= stopped_at
 
 
+def assert_a_kill_after_a_checkpoint_loses_no_label(cwd, args, line_prefix, script, module):
+    """kill -9 a run that checkpoints every iteration at its progress line `line_prefix` (one after the first
+    checkpoint): the labels on disk hold at least every label the checkpoint counted, and --resume spends the rest of
+    the budget. (labels.npz used to be written only every 30 s: a kill between the first checkpoint and the first label
+    save left a checkpoint without labels, and --resume failed.)"""
+    interrupt_run(cwd, args + " --save-model --checkpoint-every 1", line_prefix, script=script, sig=signal.SIGKILL)
+    run_dir = only_run_dir(cwd)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    settings = module.Args(**checkpoint["args"])
+    module.fill_runtime_fields(settings)
+    counted = int(module.label_schedule(settings)[: checkpoint["global_step"] // settings.batch_size].sum())
+    with np.load(run_dir / "labels.npz") as saved:
+        assert len(saved["mu"]) >= counted > 0
+    resumed = run_script(cwd, f"--resume {run_dir}", timeout=600, script=script)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(np.load(run_dir / "labels.npz")["mu"]) == settings.labels
+
+
 def assert_clear_error(result, message):
     """The script stopped with `message` on stderr, not with a traceback."""
     assert result.returncode != 0

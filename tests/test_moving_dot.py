@@ -18,6 +18,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -637,6 +638,12 @@ def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
     expected = [max(held, int(schedule[: step // settings.batch_size].sum())) for step, _ in curve]
     assert [int(value) for _, value in curve] == expected
     assert curve[-1][1] == settings.labels and len(np.load(run_dir / "labels.npz")["mu"]) == settings.labels
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_a_checkpoint_resumes_with_every_label_the_checkpoint_counted(tmp_path):
+    args = TINY.replace("--total-timesteps 1536", "--total-timesteps 2560")  # 10 iterations
+    assert_a_kill_after_a_checkpoint_loses_no_label(tmp_path, args, "step 1024,", SCRIPT, dot)  # 768: the first
 
 
 @pytest.mark.slow

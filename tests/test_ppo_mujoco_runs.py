@@ -11,6 +11,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 import tyro
 from helpers import (
+    assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
@@ -192,6 +193,11 @@ def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
     assert after_resume
     for step, total in after_resume:  # nothing asked until the schedule passes what is held, then its pace
         assert total == max(held + 7, scheduled_so_far[step // run_args.batch_size - 1]), step
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_a_checkpoint_resumes_with_every_label_the_checkpoint_counted(tmp_path):
+    assert_a_kill_after_a_checkpoint_loses_no_label(tmp_path, TINY, "step 2048,", rl.__file__, rl)  # 1536: the first
 
 
 @pytest.mark.slow
