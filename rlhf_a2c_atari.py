@@ -590,15 +590,16 @@ def new_history(round_steps, num_envs):
     }
 
 
-def record_step(history, history_index, stacks, game_starts, act, true_reward, done):
-    """Keep step `history_index` of the round: the agent's frame stacks (envs, 4, 84, 84), whether each shows the
-    first frame of a game, the actions, game score and whether the game ended at this step."""
+def record_step(history, history_index, stacks, act, true_reward, done):
+    """Keep step `history_index` of the round: the agent's frame stacks (envs, 4, 84, 84), the actions, game score and
+    whether the game ended at this step; a game that ended at the step before starts again at this one's frame."""
     k = history_index
     if k == 0:
         history["frames"][:3] = stacks[:, :3].swapaxes(0, 1)
     history["frames"][k + 3] = stacks[:, 3]
     previous = history["first_frame"][k - 1] if k > 0 else 0
-    history["first_frame"][k] = np.where(game_starts & (k > 0), k + 3, previous)
+    game_starts = history["done"][k - 1] if k > 0 else False  # the round's first stack is kept whole anyway
+    history["first_frame"][k] = np.where(game_starts, k + 3, previous)
     history["act"][k], history["true_reward"][k], history["done"][k] = act, true_reward, done
 
 
@@ -1453,7 +1454,6 @@ if __name__ == "__main__":
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs).to(device)
-    game_starts = np.ones(args.num_envs, bool)  # RLHF: which environments show the first frame of a game
     recent_returns, recent_predicted = [], []
     learned_z = []  # RLHF: the policy's mean learned reward per step since the last log line (see the log below)
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
@@ -1486,8 +1486,7 @@ if __name__ == "__main__":
             if rlhf:  # RLHF: keep this step for the round's segments
                 history_index = (iteration - 1) % args.iterations_per_round * args.num_steps + step
                 stacks = obs[step].cpu().numpy()
-                record_step(history, history_index, stacks, game_starts, action.cpu().numpy(), reward, dones[step])
-                game_starts = dones[step]
+                record_step(history, history_index, stacks, action.cpu().numpy(), reward, dones[step])
             if "final_info" in infos and "episode" in infos["final_info"]:
                 episodes = infos["final_info"]["episode"]
                 for i in np.flatnonzero(infos["final_info"]["_episode"]):

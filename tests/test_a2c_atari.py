@@ -172,8 +172,10 @@ def test_no_op_resets_start_games_at_different_frames_and_v5_ids_keep_sticky_act
     assert v5.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
 
 
-def test_segments_rebuild_the_frame_stacks_the_agent_saw_across_game_starts():
-    # games cut after 23 steps, so a round of 60 steps holds several game starts, each with a repeated first frame
+@pytest.mark.parametrize("one_row", [False, True])
+def test_segments_rebuild_the_frame_stacks_the_agent_saw_across_game_starts(one_row):
+    # games cut after 23 steps, so a round of 60 steps holds several game starts, each with a repeated first frame;
+    # one_row: the done flags arrive in the loop's buffer of one row, written again at every step (--num-steps 1)
     def short_games():
         return gym.wrappers.TimeLimit(atari.make_env("PongNoFrameskip-v4", 0, False, None, noop_max=5)(), 23)
 
@@ -182,13 +184,14 @@ def test_segments_rebuild_the_frame_stacks_the_agent_saw_across_game_starts():
     round_steps, segment_len = 60, 6
     history, seen = atari.new_history(round_steps, 2), []
     obs, _ = envs.reset(seed=0)
-    game_starts = np.ones(2, bool)
+    dones = np.zeros((1, 2), bool)
     for history_index in range(round_steps):
         act = rng.integers(6, size=2)
         seen.append(obs)
         next_obs, reward, terminated, truncated, _ = envs.step(act)
-        atari.record_step(history, history_index, obs, game_starts, act, reward, terminated | truncated)
-        game_starts, obs = terminated | truncated, next_obs
+        dones[0] = terminated | truncated
+        atari.record_step(history, history_index, obs, act, reward, dones[0] if one_row else terminated | truncated)
+        obs = next_obs
     seen = np.stack(seen)  # (steps, envs, 4, 84, 84)
     segments = atari.sample_segments(rng, history, segment_len, 300)
     stacks = atari.segment_stacks(segments["frames"])  # (300, L, 4, 84, 84)
