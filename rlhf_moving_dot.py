@@ -318,6 +318,10 @@ def validate_args(args: Args) -> None:
         raise SystemExit(
             f"error: --segment-len {args.segment_len} must be between 1 and the rollout length --num-steps {args.num_steps}"
         )
+    if args.segment_len > args.episode_steps:  # a segment never crosses the end of an episode
+        raise SystemExit(
+            f"error: --segment-len {args.segment_len} is longer than an episode (--episode-steps {args.episode_steps})"
+        )
     if not 0 < args.pretrain_fraction <= 1:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
     if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:

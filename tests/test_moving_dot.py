@@ -725,6 +725,7 @@ BAD_NUMBERS = [
     ("--reward-std -1", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
     ("--reward-batch-size 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every"),
     ("--checkpoint-every 0", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
+    ("--segment-len 200 --episode-steps 100 --num-steps 256", "--segment-len 200 is longer than an episode"),  # was mid-run
 ]
 
 
