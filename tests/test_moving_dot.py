@@ -708,7 +708,6 @@ BAD_SETTINGS = [
     ("--offline --feedback human", "--offline labels its database with the synthetic teacher"),
     ("--preference-db prefs.sqlite", "--preference-db is the database of --offline"),
     ("--labels 0", "--labels must be positive"),
-    ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining
     ("--num-minibatches 0", "--num-minibatches must be positive"),
     ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
     ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),
@@ -719,6 +718,7 @@ BAD_SETTINGS = [
 
 # numbers that were accepted and then crashed a run or silently changed it; checked in this process only
 BAD_NUMBERS = [
+    ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--teacher-beta -1", "--teacher-beta must be positive"),
     ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),

@@ -232,7 +232,6 @@ def test_a_teacher_that_answers_no_pretraining_pair_stops_the_run_with_a_message
 BAD_SETTINGS = [
     ("--env Hoper-v4", "unknown environment id 'Hoper-v4'. Did you mean: Hopper-v4"),
     ("--labels 0", "--labels must be positive"),
-    ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining and no input norm
     ("--segment-len 4096 --num-steps 2048", "--segment-len 4096 must be between 2 and the rollout length"),
     ("--labels 100000 --total-timesteps 100000", "--labels 100000 is too large for this run"),
     ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
@@ -249,6 +248,7 @@ BAD_SETTINGS = [
 # numbers that were accepted and then crashed a run or silently changed it (a flipped or flat reward, no labels after
 # pretraining); checked in this process only
 BAD_NUMBERS = [
+    ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining and no input norm
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--schedule-horizon nan", "--schedule-horizon must be a positive number of steps"),
     ("--teacher-beta 0", "--teacher-beta must be positive"),
