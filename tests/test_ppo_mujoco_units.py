@@ -1,6 +1,6 @@
 """Unit tests of rlhf_ppo_mujoco.py's pieces: preference model, reward ensemble, labels, teacher, pair selection and
-label schedule. Expectations come from the definitions (C17, B-Pref) or from seeded statistics; nothing is trained
-on an environment."""
+label schedule (the preference loss and the synthetic teacher also of the other two scripts, which share them).
+Expectations come from the definitions (C17, B-Pref) or from seeded statistics; nothing is trained on an environment."""
 
 import importlib
 import math
