@@ -7,8 +7,11 @@ Usage (from the repository root):
   python benchmark/notes/learning_pace.py "benchmark/sweeps/c17_mujoco/Hopper-v4__labels350__*/runs/*" [--steps 100000 200000]
   python benchmark/notes/learning_pace.py "PATTERN" --tag losses/entropy     # any logged scalar instead, its window mean
   python benchmark/notes/learning_pace.py --sweep benchmark/sweeps/c17_mujoco --env Hopper-v4
-The second form needs no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
-progress lines' true return (the last 10 episodes) at each step.
+  python benchmark/notes/learning_pace.py --sweep VARIANT_SWEEP --against benchmark/sweeps/c17_mujoco --env Hopper-v4
+The last two forms need no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
+progress lines' true return (the last 10 episodes) at each step; with --against, run by run against the runs of the same
+mode and seed in another sweep (a change against the default): the mean difference, its standard error, on how many
+seeds the change was ahead, and the same for the reward model's correlation with the true reward (RLHF runs).
 """
 
 import argparse
@@ -49,15 +52,62 @@ def modes_from_logs(sweep_dir, env, steps):
         print(f"| {mode} | {len(rows)} | " + " | ".join(f"{mean:.0f}" for mean in means) + " |")
 
 
+def paired_with(sweep_dir, baseline_dir, env, steps):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from plot import progress
+
+    def at_steps(log):  # true return of the last 10 episodes and the reward correlation of the latest line at each step
+        logged_steps, returns, _ = progress(log)
+        correlations = {
+            int(step): float(corr) for step, corr in re.findall(r"^step (\d+),.* corr ([-\d.]+)", log.read_text(), re.M)
+        }
+        cells = []
+        for step in steps:
+            if logged_steps[-1] < step:
+                cells.append((np.nan, np.nan))
+                continue
+            last = logged_steps[logged_steps <= step][-1]
+            cells.append((returns[logged_steps <= step][-1], correlations.get(int(last), np.nan)))
+        return np.array(cells)
+
+    print(f"{env}: {sweep_dir} against {baseline_dir}, seed by seed (change - baseline)")
+    print(
+        "| mode | step | seeds | true return, change / baseline | difference ± SE (ahead on) | correlation, change / baseline | difference ± SE |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for log in sorted(Path(sweep_dir).glob(f"{env}__*__1/run.log")):
+        mode = re.match(rf"{re.escape(env)}__(\w+?)__1$", log.parent.name).group(1)
+        pairs = []
+        for changed in sorted(Path(sweep_dir).glob(f"{env}__{mode}__*/run.log")):
+            baseline = Path(baseline_dir) / changed.parent.name / "run.log"
+            if baseline.exists():
+                pairs.append((at_steps(changed), at_steps(baseline)))
+        for i, step in enumerate(steps):
+            both = [(a[i], b[i]) for a, b in pairs if not np.isnan(a[i][0]) and not np.isnan(b[i][0])]
+            if len(both) < 2:
+                continue
+            change, base = np.array([a for a, _ in both]), np.array([b for _, b in both])
+            diff = change - base
+            se = diff.std(axis=0, ddof=1) / np.sqrt(len(diff))
+            print(
+                f"| {mode} | {step // 1000}k | {len(diff)} | {change[:, 0].mean():.0f} / {base[:, 0].mean():.0f} | "
+                f"{diff[:, 0].mean():+.0f} ± {se[0]:.0f} ({(diff[:, 0] > 0).sum()} of {len(diff)}) | "
+                f"{change[:, 1].mean():.2f} / {base[:, 1].mean():.2f} | {diff[:, 1].mean():+.2f} ± {se[1]:.2f} |"
+            )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("pattern", nargs="?", help="glob of run folders (runs/NAME)")
     parser.add_argument("--sweep", help="a sweep's folder: read its run.log files instead (with --env)")
+    parser.add_argument("--against", help="with --sweep: another sweep's folder, compared run by run (same mode and seed)")
     parser.add_argument("--env", default="Hopper-v4")
     parser.add_argument("--steps", type=int, nargs="+", default=[100000, 150000, 200000, 300000, 500000, 700000, 1000000])
     parser.add_argument("--window", type=int, default=50000, help="episodes that ended this many steps before each step")
     parser.add_argument("--tag", help="instead: this logged scalar's mean over the window (e.g. losses/entropy)")
     args = parser.parse_args()
+    if args.sweep and args.against:
+        return paired_with(args.sweep, args.against, args.env, args.steps)
     if args.sweep:
         return modes_from_logs(args.sweep, args.env, args.steps)
     if args.tag:
