@@ -298,6 +298,8 @@ def test_a_slurm_dry_run_writes_an_array_of_the_runs_not_done(tmp_path):
 
 
 # --- a one-node Slurm cluster of the test's own: munge, slurmctld and slurmd on free ports, files in tmp_path -------
+# The tests that use it share the xdist_group "slurm", so that under `pytest -n 2` they run one after the other: two
+# such clusters on one host at once were never tried.
 SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue")
 
 
@@ -382,6 +384,7 @@ PartitionName=test Nodes=testnode Default=YES MaxTime=INFINITE State=UP
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
 def test_a_grid_runs_as_a_slurm_job_array_one_task_per_run(tmp_path, slurm_cluster):
     grid, out = write_grid(tmp_path), tmp_path / "out"
     result = sweep("slurm", grid, "--out", out, "--time", "00:10:00", "--mem", "500M", env=slurm_cluster)
@@ -410,6 +413,7 @@ def test_a_grid_runs_as_a_slurm_job_array_one_task_per_run(tmp_path, slurm_clust
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
 def test_a_task_stopped_before_its_time_limit_requeues_itself_and_resumes(tmp_path, slurm_cluster):
     # a run far longer than its limit of two minutes (a checkpoint every iteration); Slurm signals the task up to a
     # minute before the limit (--signal-seconds 50): the run saves, the task requeues itself, and the run goes on. (A
