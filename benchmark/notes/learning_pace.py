@@ -8,10 +8,13 @@ Usage (from the repository root):
   python benchmark/notes/learning_pace.py "PATTERN" --tag losses/entropy     # any logged scalar instead, its window mean
   python benchmark/notes/learning_pace.py --sweep benchmark/sweeps/c17_mujoco --env Hopper-v4
   python benchmark/notes/learning_pace.py --sweep VARIANT_SWEEP --against benchmark/sweeps/c17_mujoco --env Hopper-v4
+  python benchmark/notes/learning_pace.py --predicts-final "benchmark/sweeps/*/Hopper-v4__labels350__*/run.log"
 The last two forms need no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
 progress lines' true return (the last 10 episodes) at each step; with --against, run by run against the runs of the same
 mode and seed in another sweep (a change against the default): the mean difference, its standard error, on how many
-seeds the change was ahead, and the same for the reward model's correlation with the true reward (RLHF runs).
+seeds the change was ahead, and the same for the reward model's correlation with the true reward (RLHF runs). The
+last form says how well a run's pace at each step predicts its final return (the correlation over the finished runs
+matched), i.e. what a screen stopped at that step can tell.
 """
 
 import argparse
@@ -96,16 +99,36 @@ def paired_with(sweep_dir, baseline_dir, env, steps):
             )
 
 
+def predicts_final(pattern, steps):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from plot import progress
+
+    rows = []
+    for log in sorted(glob.glob(pattern)):
+        if (Path(log).parent / "done.json").exists():
+            logged_steps, returns, _ = progress(log)
+            rows.append(
+                [returns[min(np.searchsorted(logged_steps, step), len(returns) - 1)] for step in steps] + [returns[-1]]
+            )
+    rows = np.array(rows)
+    print(f"{len(rows)} finished runs ({pattern}): correlation of the true return at each step with the final one")
+    for i, step in enumerate(steps):
+        print(f"{step // 1000}k: {np.corrcoef(rows[:, i], rows[:, -1])[0, 1]:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("pattern", nargs="?", help="glob of run folders (runs/NAME)")
     parser.add_argument("--sweep", help="a sweep's folder: read its run.log files instead (with --env)")
     parser.add_argument("--against", help="with --sweep: another sweep's folder, compared run by run (same mode and seed)")
+    parser.add_argument("--predicts-final", metavar="GLOB", help="run.log files: how well the pace predicts the final return")
     parser.add_argument("--env", default="Hopper-v4")
     parser.add_argument("--steps", type=int, nargs="+", default=[100000, 150000, 200000, 300000, 500000, 700000, 1000000])
     parser.add_argument("--window", type=int, default=50000, help="episodes that ended this many steps before each step")
     parser.add_argument("--tag", help="instead: this logged scalar's mean over the window (e.g. losses/entropy)")
     args = parser.parse_args()
+    if args.predicts_final:
+        return predicts_final(args.predicts_final, args.steps)
     if args.sweep and args.against:
         return paired_with(args.sweep, args.against, args.env, args.steps)
     if args.sweep:
