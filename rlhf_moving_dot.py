@@ -103,7 +103,8 @@ class Args:
     once, then run RL on the frozen model (C17 3.3: an offline reward can be exploited); synthetic teacher only"""
     preference_db: Optional[str] = None
     """with --offline: the SQLite preference database (default `runs/{run_name}/preferences.sqlite`); pairs already in
-    it are reused and only the missing ones are labelled"""
+    it are reused and only the missing ones are labelled; it records its teacher's flags, and a run with others is
+    refused it"""
     labels: int = 1000
     """total number of preference labels to query over the run (a pair the teacher skips is no label: another is
     asked in its place)"""
@@ -290,6 +291,11 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --offline labels its database with the synthetic teacher; use it with --feedback synthetic")
     if args.preference_db and not args.offline:
         raise SystemExit("error: --preference-db is the database of --offline; add --offline")
+    if args.offline and args.teacher_skip_threshold > float("-inf"):
+        raise SystemExit(
+            "error: --offline labels every pair before RL; a skipping teacher would leave pairs to be asked again during "
+            "RL, of the RL policy's segments, into the database: drop --teacher-skip-threshold"
+        )
     if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
     if args.feedback == "true-reward":
@@ -790,17 +796,41 @@ class LabelBuffer:
 
 
 # RLHF, offline variant (the blog's): a preference database of random-policy segment pairs, labelled once
-class PreferenceDatabase:
-    """SQLite table of labelled segment pairs: each side's dot positions, actions and true rewards, and the answer."""
+TEACHER_FLAGS = ("teacher_beta", "teacher_gamma", "teacher_epsilon", "teacher_skip_threshold", "teacher_equal_margin")
 
-    def __init__(self, path):
+
+class PreferenceDatabase:
+    """SQLite table of labelled segment pairs: each side's dot positions, actions and true rewards, and the answer;
+    beside it the settings of the teacher that answered them (`teacher`: a dict of TEACHER_FLAGS), so that a run with
+    another teacher is refused the database instead of taking its answers as its own."""
+
+    def __init__(self, path, teacher=None):
         self.connection = sqlite3.connect(path)
         self.connection.execute(
             "CREATE TABLE IF NOT EXISTS preferences (id INTEGER PRIMARY KEY, segment_len INTEGER NOT NULL, "
             "left_position BLOB, left_act BLOB, left_true_reward BLOB, right_position BLOB, right_act BLOB, "
             "right_true_reward BLOB, mu REAL NOT NULL)"
         )
+        self.connection.execute("CREATE TABLE IF NOT EXISTS teacher (settings TEXT NOT NULL)")
         self.connection.commit()
+        if teacher is not None:
+            self.check_teacher(path, teacher)
+
+    def check_teacher(self, path, teacher):
+        row = self.connection.execute("SELECT settings FROM teacher").fetchone()
+        if row is None:  # a new database (or one from before the teacher was recorded: its pairs are taken as this one's)
+            with self.connection:
+                self.connection.execute("INSERT INTO teacher VALUES (?)", (json.dumps(teacher),))
+            return
+        recorded = json.loads(row[0])
+        differ = [name for name in teacher if recorded.get(name) != teacher[name]]
+        if differ:
+            theirs = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)}" for name in differ)
+            ours = ", ".join(f"--{name.replace('_', '-')} {teacher[name]}" for name in differ)
+            raise SystemExit(
+                f"error: {path} was labelled by a teacher with {theirs}; this run's teacher has {ours}: use another "
+                "--preference-db, or the database's teacher flags"
+            )
 
     def count(self, segment_len):
         return self.connection.execute("SELECT COUNT(*) FROM preferences WHERE segment_len = ?", (segment_len,)).fetchone()[0]
@@ -1530,7 +1560,8 @@ if __name__ == "__main__":
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
     database = None
     if args.offline:  # RLHF (offline): pairs already in the database are reused; only the missing ones are labelled
-        database = PreferenceDatabase(args.preference_db or f"{run_dir}/preferences.sqlite")
+        teacher_settings = {name: getattr(args, name) for name in TEACHER_FLAGS}
+        database = PreferenceDatabase(args.preference_db or f"{run_dir}/preferences.sqlite", teacher_settings)
         if buffer.size == 0 and database.count(args.segment_len):
             buffer.add(*database.load(args.segment_len, args.labels))
             print(f"offline: {buffer.size} labelled pairs loaded from the preference database")

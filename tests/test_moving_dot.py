@@ -479,6 +479,13 @@ def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(
     assert "offline: 30 labelled pairs loaded from the preference database" in second.stdout
     assert dot.PreferenceDatabase(str(database)).count(5) == 30  # nothing labelled twice
 
+    # a run with another teacher is refused the database, which it would otherwise take as its own labels
+    other_teacher = run_dot(tmp_path, args + " --exp-name third --teacher-epsilon 0.2")
+    assert other_teacher.returncode != 0
+    assert "was labelled by a teacher with --teacher-epsilon 0.0" in other_teacher.stderr, other_teacher.stderr[-2000:]
+    assert "this run's teacher has --teacher-epsilon 0.2" in other_teacher.stderr
+    assert dot.PreferenceDatabase(str(database)).count(5) == 30
+
 
 @pytest.mark.slow
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
@@ -707,6 +714,8 @@ def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(t
 BAD_SETTINGS = [
     ("--offline --feedback human", "--offline labels its database with the synthetic teacher"),
     ("--preference-db prefs.sqlite", "--preference-db is the database of --offline"),
+    # was a database with pairs of the RL policy: the pairs skipped before RL were asked again during it
+    ("--offline --teacher-skip-threshold 0", "--offline labels every pair before RL; a skipping teacher"),
     ("--labels 0", "--labels must be positive"),
     ("--num-minibatches 0", "--num-minibatches must be positive"),
     ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
