@@ -1354,8 +1354,9 @@ def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, r
 def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_training, policy_normalizer, device):
     """--resume: the networks, optimisers, the reward model's training and every random stream as the run saved them
     (older checkpoints have no random streams: theirs restart from the seed). Returns the iteration to start at, the
-    first of the label round the run stopped in (a round's steps are its label pool). The games restart (the emulators'
-    state is not saved), and a checkpoint written mid-round redoes that round's start with the later state."""
+    first of the label round the run stopped in (a round's steps are its label pool), or one past the last for a run
+    that finished. The games restart (the emulators' state is not saved), and a checkpoint written mid-round redoes that
+    round's start with the later state."""
     agent.load_state_dict(checkpoint["agent"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     if reward_training is not None:
@@ -1369,6 +1370,8 @@ def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_tra
         torch.set_rng_state(random_states["torch"])
         if random_states["torch_cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(random_states["torch_cuda"])
+    if checkpoint["iteration"] >= args.num_iterations:  # finished: no round to redo (its last one may not be whole)
+        return args.num_iterations + 1
     return checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
 
 

@@ -468,6 +468,23 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
 
 
 @pytest.mark.slow
+def test_resuming_a_finished_run_trains_it_no_further(tmp_path):
+    # 125 iterations of 2 x 5 steps: the last label round (20 iterations) is not whole, so the first iteration of the
+    # round the checkpoint is in, where a resume starts, lies before the run's end
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 1250") + " --feedback true-reward --save-model"
+    finished = run_atari(tmp_path, args)
+    assert finished.returncode == 0, finished.stderr
+    run_dir = only_run_dir(tmp_path)
+    before = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    after = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert before["global_step"] == after["global_step"] == 1250
+    for name, value in before["agent"].items():
+        assert torch.equal(after["agent"][name], value), name
+
+
+@pytest.mark.slow
 def test_a_pretraining_that_gets_no_label_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
     # a skip threshold no 5-step Pong segment reaches: the teacher skips every pair of the initial policy
     result = run_atari(tmp_path, TINY + " --teacher-skip-threshold 1000 --save-model")
