@@ -1,10 +1,10 @@
 #!/bin/bash
 # one device call (issue 22): a screen of two changes at Hopper-v4 350 labels, 16 runs at once as daemons, one per core:
 # --selection random (grid hopper350_random.json, seeds 1-10) and --reward-updates 64 (hopper350_updates64.json,
-# seeds 1-6). Stopped with SIGTERM at $1 s (each run saves its checkpoint) and packed under $OUT without the
-# TensorBoard files (the pace is read from run.log). A second call on the warm machine finds the saved runs in /tmp and
-# resumes them. The runs are a screen: compared by pace (true return at 300k and 500k steps) with the default's runs of
-# the same seeds, not finished to 1M steps.
+# seeds 1-6). Stopped with SIGTERM at $1 s (each run saves its checkpoint) and packed under $OUT without checkpoints,
+# labels or TensorBoard files (the pace is read from run.log). A second call on the warm machine finds the saved runs in
+# /tmp and resumes them. The runs are a screen: compared by pace (true return at the steps reached) with the default's
+# runs of the same seeds, not finished to 1M steps.
 T0=$(date +%s); STOP=${1:-500}
 el() { echo $(( $(date +%s) - T0 )); }
 exec > >(tee $OUT/dev.log) 2>&1
