@@ -9,7 +9,7 @@ Usage (from the repository root):
   python benchmark/notes/learning_pace.py --sweep benchmark/sweeps/c17_mujoco --env Hopper-v4
   python benchmark/notes/learning_pace.py --sweep VARIANT_SWEEP --against benchmark/sweeps/c17_mujoco --env Hopper-v4
   python benchmark/notes/learning_pace.py --predicts-final "benchmark/sweeps/*/Hopper-v4__labels350__*/run.log"
-The last two forms need no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
+The last three forms need no TensorBoard logs: from the committed run.log files, per mode, the mean over seeds of the
 progress lines' true return (the last 10 episodes) at each step; with --against, run by run against the runs of the same
 mode and seed in another sweep (a change against the default): the mean difference, its standard error, on how many
 seeds the change was ahead, and the same for the reward model's correlation with the true reward (RLHF runs). The
@@ -38,10 +38,16 @@ def latest_at(points, step):
     return earlier[-1] if earlier else float("nan")
 
 
-def modes_from_logs(sweep_dir, env, steps):
+def run_log_progress():
+    """benchmark/plot.py's reader of a run.log: (steps, true return of the last 10 episodes, wall time)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from plot import progress
 
+    return progress
+
+
+def modes_from_logs(sweep_dir, env, steps):
+    progress = run_log_progress()
     by_mode = collections.defaultdict(list)
     for log in sorted(Path(sweep_dir).glob(f"{env}__*__*/run.log")):
         mode = re.match(rf"{re.escape(env)}__(\w+?)__\d+$", log.parent.name).group(1)
@@ -56,8 +62,7 @@ def modes_from_logs(sweep_dir, env, steps):
 
 
 def paired_with(sweep_dir, baseline_dir, env, steps):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from plot import progress
+    progress = run_log_progress()
 
     def at_steps(log):  # true return of the last 10 episodes and the reward correlation of the latest line at each step
         logged_steps, returns, _ = progress(log)
@@ -100,9 +105,7 @@ def paired_with(sweep_dir, baseline_dir, env, steps):
 
 
 def predicts_final(pattern, steps):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from plot import progress
-
+    progress = run_log_progress()
     rows = []
     for log in sorted(glob.glob(pattern)):
         if (Path(log).parent / "done.json").exists():
