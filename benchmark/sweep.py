@@ -11,7 +11,8 @@ A grid is a JSON file (benchmark/grids/*.json):
      "env_flag": "--env",                       # how the script takes the env (the moving dot: "--observation")
      "note": "",                                # written above the report's table: what the grid's runs are
      "envs": {"Hopper-v4": {"seeds": [1, 2, 3, 4, 5]},            # each may override seeds, steps, flags
-              "Reacher-v5": {"steps": 300000, "flags": "--segment-len 15"}}}
+              "Reacher-v5": {"steps": 300000, "flags": "--segment-len 15"},
+              "Walker2d-v4": {"seeds_by_feedback": {"true": [1, 2, 3, 4], "350": [1, 2, 3, 4]}}}}  # a setting's own seeds
 
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
@@ -82,10 +83,17 @@ def load_grid(path):
     grid["runs"] = []
     for env, overrides in grid["envs"].items():
         setting = {**grid, **(overrides or {})}
+        seeds_by_feedback = setting.get("seeds_by_feedback", {})
+        unknown = sorted(set(seeds_by_feedback) - {str(feedback) for feedback in grid["feedback"]})
+        if unknown:
+            raise SystemExit(
+                f"error: the grid {path}'s {env} seeds_by_feedback names feedback that is not in the grid: "
+                + ", ".join(unknown)
+            )
         for feedback in grid["feedback"]:
             mode = "true" if feedback == "true" else f"labels{feedback}"
             feedback_flags = ["--feedback", "true-reward"] if feedback == "true" else ["--labels", str(feedback)]
-            for seed in setting.get("seeds", [1, 2, 3]):
+            for seed in seeds_by_feedback.get(str(feedback), setting.get("seeds", [1, 2, 3])):
                 args = [grid.get("env_flag", "--env"), env, "--seed", str(seed)]
                 if "steps" in setting:
                     args += ["--total-timesteps", str(setting["steps"])]

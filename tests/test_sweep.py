@@ -571,3 +571,23 @@ def test_a_finished_budget_is_not_judged_against_true_reward_runs_still_under_wa
     assert "| 350 labels | 1 (1) | 1100 ± 0.0 | 2.20 |  |" in table, table
     (out / "Hopper-v4__true__1" / "done.json").write_text("{}\n")  # once it has finished, the claim is judged
     assert "| 350 labels | 1 (1) | 1100 ± 0.0 | 2.20 | 0.90: met |" in sweep("report", grid, "--out", out).stdout
+
+
+def test_a_feedback_setting_can_have_more_seeds_than_the_others(tmp_path):
+    # e.g. the setting that falls short of C17's claim and its true-reward runs get seeds 11-15, the others keep 1-10
+    grid = write_grid(tmp_path, seeds=[1], envs={"position": {"seeds_by_feedback": {"30": [1, 2, 3]}}})
+    out = tmp_path / "out"
+    result = sweep("slurm", grid, "--out", out, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=0-3\n" in (out / "slurm_array.sh").read_text()  # true reward seed 1, 30 labels seeds 1-3
+    result = sweep("slurm", grid, "--out", out, "--dry-run", "--seeds", "3")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=3\n" in (out / "slurm_array.sh").read_text()
+    write_run_log(out, "position__true__1", (10.0, 20.0))
+    write_run_log(out, "position__labels30__1", (10.0, 15.0))
+    assert sweep("report", grid, "--out", out).returncode == 0
+    assert "| 30 labels | 3 (1) |" in (out / "table.md").read_text()
+    wrong = write_grid(tmp_path, envs={"position": {"seeds_by_feedback": {"700": [1, 2]}}})
+    result = sweep("local", wrong, "--out", tmp_path / "wrong")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "seeds_by_feedback names feedback that is not in the grid: 700" in result.stderr
