@@ -1058,11 +1058,12 @@ def anchor_at_absorbing(rewards, absorbing_reward):
 
 def finish_episode_returns(rewards, dones, episode_returns):
     """Add a rollout's rewards (steps, envs) to each environment's episode return so far (`episode_returns`, in place);
-    returns the returns of the episodes that ended, in order."""
+    returns the returns of the episodes that ended, in order. An episode whose return so far is NaN (it began before
+    there were learned rewards) is left out."""
     finished = []
     for t in range(len(rewards)):
         episode_returns += rewards[t]
-        finished += [episode_returns[i] for i in np.flatnonzero(dones[t])]
+        finished += [episode_returns[i] for i in np.flatnonzero(dones[t]) if not np.isnan(episode_returns[i])]
         episode_returns[dones[t]] = 0.0
     return finished
 
@@ -1337,8 +1338,9 @@ class HumanTeacher:
 # =====================================================================================================================
 def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress):
     """Everything needed to evaluate the agent or resume the run after its last completed iteration. `progress`: that
-    iteration, its step count, the observation the next step starts from and each environment's running return."""
-    iteration, global_step, next_obs_raw, running_return = progress
+    iteration, its step count, the observation the next step starts from, each environment's running return and its
+    episode's learned return so far."""
+    iteration, global_step, next_obs_raw, running_return, predicted_episode_return = progress
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),
@@ -1354,6 +1356,7 @@ def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_tr
         "next_obs_raw": next_obs_raw,
         "random": random_states(rng),
         "running_return": running_return,
+        "predicted_episode_return": predicted_episode_return,
     }
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
@@ -1576,6 +1579,7 @@ if __name__ == "__main__":
         restore_environment_states(envs, checkpoint["environments"])
         restore_random_states(rng, checkpoint["random"])
         next_obs_raw, running_return[:] = checkpoint["next_obs_raw"], checkpoint["running_return"]
+        predicted_episode_return[:] = checkpoint.get("predicted_episode_return", np.nan)  # NaN: not saved before
     else:
         obs_rms.update(next_obs_raw)
     next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
@@ -1586,7 +1590,7 @@ if __name__ == "__main__":
     error = None
 
     def checkpoint_now():  # Infrastructure
-        progress = (completed, completed_step, next_obs_raw, running_return)
+        progress = (completed, completed_step, next_obs_raw, running_return, predicted_episode_return)
         save_checkpoint(checkpoint_path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1645,6 +1649,7 @@ if __name__ == "__main__":
                     error = f"error: no pretraining label from {pretrain_labels} pairs of the initial policy. {NO_LABEL_HINT}"
                     break
                 pretrain_reward_model(reward_training, buffer, args, rng)
+                predicted_episode_return[:] = np.nan  # the episodes under way began unrewarded: no whole learned return
             elif not pretraining:  # then it keeps training as labels arrive, in a thread while PPO runs (C17 2.2)
                 reward_training.start_round(buffer, args, rng)
             if time.time() - last_label_save > 30 or iteration == args.num_iterations:  # Infrastructure

@@ -39,6 +39,13 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     assert_tags(logged, RLHF_TAGS + ["charts/episodic_return", "charts/predicted_return"])
     assert logged["labels/total"][-1][1] == 40
     assert "step 3072" in result.stdout and "labels 40/40" in result.stdout  # the progress line
+    # charts/predicted_return sums the learned reward over whole episodes: the 8 envs' episodes under way when RL began
+    # (after 1024 steps of pretraining, with no learned reward) are left out, not logged as short ones
+    episodes = zip(logged["charts/episodic_return"], logged["charts/episodic_length"])
+    begun_in_rl = [step for (step, _), (_, length) in episodes if step - 8 * (length - 1) > 1024]
+    ended_in_rl = [step for step, _ in logged["charts/episodic_return"] if step > 1024]
+    assert len(begun_in_rl) < len(ended_in_rl)  # the premise: episodes carried into RL
+    assert len(logged["charts/predicted_return"]) == len(begun_in_rl)
 
     labels = np.load(run_dir / "labels.npz")
     assert labels["obs"].shape == (40, 2, 20, 11) and labels["act"].shape == (40, 2, 20, 3)
@@ -155,13 +162,15 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {run_dir} at step {stopped_at}" in resumed.stdout
     # environments, random streams, statistics, counters: all continue where they were, so nothing differs
-    expected, actual = (
-        torch.load(d / "checkpoint.pt", weights_only=False) for d in (only_run_dir(tmp_path / "whole"), run_dir)
-    )
+    whole_dir = only_run_dir(tmp_path / "whole")
+    expected, actual = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (whole_dir, run_dir))
     for part in ("agent", "reward_ensemble"):
         for name, tensor in expected[part].items():
             assert torch.equal(tensor, actual[part][name]), f"{part}.{name} differs after the resume"
-    expected_labels, labels = np.load(only_run_dir(tmp_path / "whole") / "labels.npz"), np.load(run_dir / "labels.npz")
+    # the episodes under way at the stop too: each learned return sums the whole episode, as without the stop
+    predicted = [[value for _, value in scalars(d)["charts/predicted_return"]] for d in (whole_dir, run_dir)]
+    np.testing.assert_array_equal(predicted[1], predicted[0])
+    expected_labels, labels = np.load(whole_dir / "labels.npz"), np.load(run_dir / "labels.npz")
     for key in expected_labels:
         np.testing.assert_array_equal(labels[key], expected_labels[key], err_msg=key)
 
