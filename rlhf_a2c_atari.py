@@ -1514,6 +1514,7 @@ if __name__ == "__main__":
                     break
                 if not reward_training.pretrain(buffer, rng, stop_requested):
                     break  # stopped: a resumed run pretrains again
+                predicted_episode_return[:] = np.nan  # the games under way began unrewarded: no whole learned score
 
         if pretraining:  # RLHF: no A2C update before RL starts
             if iteration % args.iterations_per_round == 0:
@@ -1534,7 +1535,7 @@ if __name__ == "__main__":
                 rewards_np = policy_normalizer(rewards_np)
             for t in range(args.num_steps):  # predicted score of whole games, next to the true one
                 predicted_episode_return += rewards_np[t]
-                for i in np.flatnonzero(dones[t]):
+                for i in np.flatnonzero(dones[t] & ~np.isnan(predicted_episode_return)):
                     recent_predicted.append(predicted_episode_return[i])
                     writer.add_scalar("charts/predicted_return", predicted_episode_return[i], global_step)
                 predicted_episode_return[dones[t]] = 0.0

@@ -1072,11 +1072,12 @@ def store_answers(teacher, buffer, database):
 # RLHF: what the run logs about the learned reward
 def finish_episode_returns(rewards, dones, episode_returns):
     """Add a rollout's rewards (steps, envs) to each environment's episode return so far (`episode_returns`, in place);
-    returns the returns of the episodes that ended, in order."""
+    returns the returns of the episodes that ended, in order. An episode whose return so far is NaN (it began before
+    there were learned rewards) is left out."""
     finished = []
     for t in range(len(rewards)):
         episode_returns += rewards[t]
-        finished += [episode_returns[i] for i in np.flatnonzero(dones[t])]
+        finished += [episode_returns[i] for i in np.flatnonzero(dones[t]) if not np.isnan(episode_returns[i])]
         episode_returns[dones[t]] = 0.0
     return finished
 
@@ -1644,6 +1645,7 @@ if __name__ == "__main__":
                     run_error = no_pretraining_label_error(args, run_dir)
                     break  # the labels (and the checkpoint) are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
+                predicted_return[:] = np.nan  # the episodes under way began unrewarded: no whole learned return
             elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen),
                 reward_training.start_round(buffer, args, rng)  # in a thread while PPO runs
             last_label_save = save_labels_if_due(buffer, teacher, labels_path, last_label_save)  # Infrastructure

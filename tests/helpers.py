@@ -106,6 +106,16 @@ def assert_tags(logged, tags):
         assert tag in logged, f"{tag} missing from {sorted(logged)}"
 
 
+def assert_predicted_returns_are_of_whole_episodes(logged, rl_start, num_envs):
+    """charts/predicted_return sums the learned reward over whole episodes: one per episode that began after
+    `rl_start` (the step pretraining ended; a global step counts every env's), none for those carried into RL."""
+    episodes = zip(logged["charts/episodic_return"], logged["charts/episodic_length"])
+    ended_in_rl = [(step, length) for (step, _), (_, length) in episodes if step > rl_start]
+    begun_in_rl = [step for step, length in ended_in_rl if step - num_envs * (length - 1) > rl_start]
+    assert len(begun_in_rl) < len(ended_in_rl)  # the premise: episodes under way when RL began ended in it
+    assert len(logged.get("charts/predicted_return", [])) == len(begun_in_rl)
+
+
 def only_run_dir(cwd):
     (run_dir,) = (Path(cwd) / "runs").iterdir()
     return run_dir

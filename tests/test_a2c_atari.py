@@ -20,6 +20,7 @@ from helpers import (
     RLHF_TAGS,
     assert_tags,
     assert_clear_error,
+    assert_predicted_returns_are_of_whole_episodes,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -590,6 +591,14 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path
         assert sum(len(mu) for _, _, mu in teacher.poll()) == 3 and teacher.pending == 0
     finally:
         teacher.close()
+
+
+@pytest.mark.slow
+def test_a_game_under_way_when_rl_begins_gets_no_predicted_score(tmp_path):
+    # 1200 steps per env, the first 200 of them pretraining: the first game of Pong ends in RL but began before it
+    result = run_atari(tmp_path, TINY.replace("--total-timesteps 1200", "--total-timesteps 2400"))
+    assert result.returncode == 0, result.stderr
+    assert_predicted_returns_are_of_whole_episodes(scalars(only_run_dir(tmp_path)), rl_start=400, num_envs=2)
 
 
 @pytest.mark.slow

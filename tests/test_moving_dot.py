@@ -25,6 +25,7 @@ from helpers import (
     assert_tags,
     assert_answers_follow_true_returns,
     assert_clear_error,
+    assert_predicted_returns_are_of_whole_episodes,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -411,6 +412,7 @@ def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     assert_tags(logged, RLHF_TAGS + ["charts/predicted_return"])
     assert logged["labels/total"][-1][1] == 30
     assert "step 1536" in result.stdout and "labels 30/30" in result.stdout
+    assert_predicted_returns_are_of_whole_episodes(logged, rl_start=512, num_envs=4)  # not short ones from pretraining
     labels = np.load(run_dir / "labels.npz")
     assert labels["position"].shape == (30, 2, 5, 2) and labels["act"].shape == (30, 2, 5)
     assert_answers_follow_true_returns(labels)

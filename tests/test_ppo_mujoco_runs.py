@@ -17,6 +17,7 @@ from helpers import (
     assert_tags,
     assert_answers_follow_true_returns,
     assert_clear_error,
+    assert_predicted_returns_are_of_whole_episodes,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -39,13 +40,7 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     assert_tags(logged, RLHF_TAGS + ["charts/episodic_return", "charts/predicted_return"])
     assert logged["labels/total"][-1][1] == 40
     assert "step 3072" in result.stdout and "labels 40/40" in result.stdout  # the progress line
-    # charts/predicted_return sums the learned reward over whole episodes: the 8 envs' episodes under way when RL began
-    # (after 1024 steps of pretraining, with no learned reward) are left out, not logged as short ones
-    episodes = zip(logged["charts/episodic_return"], logged["charts/episodic_length"])
-    begun_in_rl = [step for (step, _), (_, length) in episodes if step - 8 * (length - 1) > 1024]
-    ended_in_rl = [step for step, _ in logged["charts/episodic_return"] if step > 1024]
-    assert len(begun_in_rl) < len(ended_in_rl)  # the premise: episodes carried into RL
-    assert len(logged["charts/predicted_return"]) == len(begun_in_rl)
+    assert_predicted_returns_are_of_whole_episodes(logged, rl_start=1024, num_envs=8)  # not short ones from pretraining
 
     labels = np.load(run_dir / "labels.npz")
     assert labels["obs"].shape == (40, 2, 20, 11) and labels["act"].shape == (40, 2, 20, 3)
