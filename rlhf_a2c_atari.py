@@ -1514,7 +1514,8 @@ if __name__ == "__main__":
                     break
                 if not reward_training.pretrain(buffer, rng, stop_requested):
                     break  # stopped: a resumed run pretrains again
-                predicted_episode_return[:] = np.nan  # the games under way began unrewarded: no whole learned score
+                # the games under way began unrewarded: no whole learned score (one that begins with RL has one)
+                predicted_episode_return[:] = np.where(dones[-1], 0.0, np.nan)
 
         if pretraining:  # RLHF: no A2C update before RL starts
             if iteration % args.iterations_per_round == 0:

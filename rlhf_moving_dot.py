@@ -1645,7 +1645,8 @@ if __name__ == "__main__":
                     run_error = no_pretraining_label_error(args, run_dir)
                     break  # the labels (and the checkpoint) are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
-                predicted_return[:] = np.nan  # the episodes under way began unrewarded: no whole learned return
+                # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)
+                predicted_return[:] = np.where(truncations[-1], 0.0, np.nan)
             elif not pretraining and not args.offline:  # it keeps training as labels arrive (C17 2.2; offline: frozen),
                 reward_training.start_round(buffer, args, rng)  # in a thread while PPO runs
             last_label_save = save_labels_if_due(buffer, teacher, labels_path, last_label_save)  # Infrastructure

@@ -1649,7 +1649,8 @@ if __name__ == "__main__":
                     error = f"error: no pretraining label from {pretrain_labels} pairs of the initial policy. {NO_LABEL_HINT}"
                     break
                 pretrain_reward_model(reward_training, buffer, args, rng)
-                predicted_episode_return[:] = np.nan  # the episodes under way began unrewarded: no whole learned return
+                # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)
+                predicted_episode_return[:] = np.where(terminations[-1] | truncations[-1], 0.0, np.nan)
             elif not pretraining:  # then it keeps training as labels arrive, in a thread while PPO runs (C17 2.2)
                 reward_training.start_round(buffer, args, rng)
             if time.time() - last_label_save > 30 or iteration == args.num_iterations:  # Infrastructure

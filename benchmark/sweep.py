@@ -12,7 +12,9 @@ A grid is a JSON file (benchmark/grids/*.json):
      "note": "",                                # written above the report's table: what the grid's runs are
      "envs": {"Hopper-v4": {"seeds": [1, 2, 3, 4, 5]},            # each may override seeds, steps, flags
               "Reacher-v5": {"steps": 300000, "flags": "--segment-len 15"},
-              "Walker2d-v4": {"seeds_by_feedback": {"true": [1, 2, 3, 4], "350": [1, 2, 3, 4]}}}}  # a setting's own seeds
+              "Walker2d-v4": {"seeds_by_feedback": {"true": [1, 2, 3, 4], "350": [1, 2, 3, 4]}}}}
+                                                # seeds_by_feedback (here or at the top): some feedback settings' own
+                                                # seeds, keyed by the feedback as a string; the others keep "seeds"
 
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
@@ -84,6 +86,14 @@ def load_grid(path):
     for env, overrides in grid["envs"].items():
         setting = {**grid, **(overrides or {})}
         seeds_by_feedback = setting.get("seeds_by_feedback", {})
+        if not isinstance(seeds_by_feedback, dict):
+            raise SystemExit(
+                f'error: the grid {path}\'s seeds_by_feedback must map feedback ("true", "{grid["feedback"][-1]}") to '
+                f"lists of seeds, not {seeds_by_feedback!r}"
+            )
+        for seeds in [setting.get("seeds", [1, 2, 3]), *seeds_by_feedback.values()]:
+            if not (isinstance(seeds, list) and all(isinstance(seed, int) for seed in seeds)):
+                raise SystemExit(f"error: the grid {path}'s seeds must be a list of whole numbers, not {seeds!r}")
         unknown = sorted(set(seeds_by_feedback) - {str(feedback) for feedback in grid["feedback"]})
         if unknown:
             raise SystemExit(
@@ -519,6 +529,10 @@ def main():
         for i, run in enumerate(grid["runs"])
         if (not envs or run["env"] in envs) and (not modes or run["mode"] in modes) and (not seeds or run["seed"] in seeds)
     ]
+    if not batch:  # e.g. a seed that only other feedback settings have (seeds_by_feedback)
+        filters = (("envs", envs), ("feedback", getattr(options, "feedback", None)), ("seeds", seeds))
+        chosen = " ".join(f"--{name} {' '.join(map(str, values))}" for name, values in filters if values)
+        parser.error(f"no run of the grid is {chosen}" if chosen else f"the grid {options.grid} has no runs")
     sweep_dir = sweep_folder(options.grid, options.out)
     if options.command == "local":
         if run_local(grid, sweep_dir, options.workers, batch):

@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -106,14 +107,17 @@ def assert_tags(logged, tags):
         assert tag in logged, f"{tag} missing from {sorted(logged)}"
 
 
-def assert_predicted_returns_are_of_whole_episodes(logged, rl_start, num_envs):
+def assert_predicted_returns_are_of_whole_episodes(logged, rl_start, num_envs, batch_size):
     """charts/predicted_return sums the learned reward over whole episodes: one per episode that began after
-    `rl_start` (the step pretraining ended; a global step counts every env's), none for those carried into RL."""
+    `rl_start` (the step pretraining ended; a global step counts every env's), logged at the end of the rollout it
+    ended in, and none for those under way when RL began. Returns how many of those ended during RL."""
     episodes = zip(logged["charts/episodic_return"], logged["charts/episodic_length"])
     ended_in_rl = [(step, length) for (step, _), (_, length) in episodes if step > rl_start]
     begun_in_rl = [step for step, length in ended_in_rl if step - num_envs * (length - 1) > rl_start]
-    assert len(begun_in_rl) < len(ended_in_rl)  # the premise: episodes under way when RL began ended in it
-    assert len(logged.get("charts/predicted_return", [])) == len(begun_in_rl)
+    assert begun_in_rl  # the premise: whole episodes to log
+    rollout_ends = Counter(-(-step // batch_size) * batch_size for step in begun_in_rl)
+    assert Counter(step for step, _ in logged.get("charts/predicted_return", [])) == rollout_ends
+    return len(ended_in_rl) - len(begun_in_rl)
 
 
 def only_run_dir(cwd):

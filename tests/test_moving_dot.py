@@ -403,6 +403,14 @@ def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_
 # every mode, run as a user runs it
 
 
+def test_an_episode_that_begins_with_rl_gets_its_predicted_return(tmp_path):
+    # 64-step episodes end with each pretraining rollout: the first episode of RL begins with it and is whole
+    result = run_dot(tmp_path, TINY.replace("--episode-steps 100", "--episode-steps 64"))
+    assert result.returncode == 0, result.stderr
+    logged = scalars(only_run_dir(tmp_path))
+    assert assert_predicted_returns_are_of_whole_episodes(logged, rl_start=512, num_envs=4, batch_size=256) == 0
+
+
 def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     result = run_dot(tmp_path, TINY + " --save-model")
     assert result.returncode == 0, result.stderr
@@ -412,7 +420,8 @@ def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     assert_tags(logged, RLHF_TAGS + ["charts/predicted_return"])
     assert logged["labels/total"][-1][1] == 30
     assert "step 1536" in result.stdout and "labels 30/30" in result.stdout
-    assert_predicted_returns_are_of_whole_episodes(logged, rl_start=512, num_envs=4)  # not short ones from pretraining
+    # not short ones from the episodes under way when pretraining (2 rollouts of 4 envs x 64 steps) ended
+    assert assert_predicted_returns_are_of_whole_episodes(logged, rl_start=512, num_envs=4, batch_size=256) > 0
     labels = np.load(run_dir / "labels.npz")
     assert labels["position"].shape == (30, 2, 5, 2) and labels["act"].shape == (30, 2, 5)
     assert_answers_follow_true_returns(labels)

@@ -265,6 +265,9 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
         ({"script": "rlhf_nothing.py"}, "names a script that is not in"),
         ({"feedback": ["true", "lots"]}, "feedback must be \"true\" or a positive number of labels, not 'lots'"),
         ({"envs": None}, "envs"),
+        ({"seeds": 3}, "seeds must be a list of whole numbers, not 3"),
+        ({"seeds_by_feedback": [1, 2]}, 'seeds_by_feedback must map feedback ("true", "30") to lists of seeds'),
+        ({"seeds_by_feedback": {"30": ["1"]}}, "seeds must be a list of whole numbers, not ['1']"),
     ],
 )
 def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, message):
@@ -587,6 +590,8 @@ def test_a_feedback_setting_can_have_more_seeds_than_the_others(tmp_path):
     write_run_log(out, "position__labels30__1", (10.0, 15.0))
     assert sweep("report", grid, "--out", out).returncode == 0
     assert "| 30 labels | 3 (1) |" in (out / "table.md").read_text()
+    none = sweep("local", grid, "--out", out, "--feedback", "true", "--seeds", "3")  # true reward has seed 1 only
+    assert none.returncode != 0 and "no run of the grid is --feedback true --seeds 3" in none.stderr
     wrong = write_grid(tmp_path, envs={"position": {"seeds_by_feedback": {"700": [1, 2]}}})
     result = sweep("local", wrong, "--out", tmp_path / "wrong")
     assert result.returncode != 0 and "Traceback" not in result.stderr
