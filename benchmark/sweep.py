@@ -85,15 +85,15 @@ def load_grid(path):
     grid["runs"] = []
     for env, overrides in grid["envs"].items():
         setting = {**grid, **(overrides or {})}
-        seeds_by_feedback = setting.get("seeds_by_feedback", {})
+        seeds, seeds_by_feedback = setting.get("seeds", [1, 2, 3]), setting.get("seeds_by_feedback", {})
         if not isinstance(seeds_by_feedback, dict):
             raise SystemExit(
-                f'error: the grid {path}\'s seeds_by_feedback must map feedback ("true", "{grid["feedback"][-1]}") to '
-                f"lists of seeds, not {seeds_by_feedback!r}"
+                f'error: the grid {path}\'s seeds_by_feedback must map feedback ("true", "350", ...) to lists of seeds, '
+                f"not {seeds_by_feedback!r}"
             )
-        for seeds in [setting.get("seeds", [1, 2, 3]), *seeds_by_feedback.values()]:
-            if not (isinstance(seeds, list) and all(isinstance(seed, int) for seed in seeds)):
-                raise SystemExit(f"error: the grid {path}'s seeds must be a list of whole numbers, not {seeds!r}")
+        for listed in [seeds, *seeds_by_feedback.values()]:
+            if not (isinstance(listed, list) and all(isinstance(seed, int) for seed in listed)):
+                raise SystemExit(f"error: the grid {path}'s seeds must be a list of whole numbers, not {listed!r}")
         unknown = sorted(set(seeds_by_feedback) - {str(feedback) for feedback in grid["feedback"]})
         if unknown:
             raise SystemExit(
@@ -103,7 +103,7 @@ def load_grid(path):
         for feedback in grid["feedback"]:
             mode = "true" if feedback == "true" else f"labels{feedback}"
             feedback_flags = ["--feedback", "true-reward"] if feedback == "true" else ["--labels", str(feedback)]
-            for seed in seeds_by_feedback.get(str(feedback), setting.get("seeds", [1, 2, 3])):
+            for seed in seeds_by_feedback.get(str(feedback), seeds):
                 args = [grid.get("env_flag", "--env"), env, "--seed", str(seed)]
                 if "steps" in setting:
                     args += ["--total-timesteps", str(setting["steps"])]

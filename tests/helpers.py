@@ -110,7 +110,8 @@ def assert_tags(logged, tags):
 def assert_predicted_returns_are_of_whole_episodes(logged, rl_start, num_envs, batch_size):
     """charts/predicted_return sums the learned reward over whole episodes: one per episode that began after
     `rl_start` (the step pretraining ended; a global step counts every env's), logged at the end of the rollout it
-    ended in, and none for those under way when RL began. Returns how many of those ended during RL."""
+    ended in, and none for those under way when RL began. Returns how many episodes under way when RL began
+    ended during it."""
     episodes = zip(logged["charts/episodic_return"], logged["charts/episodic_length"])
     ended_in_rl = [(step, length) for (step, _), (_, length) in episodes if step > rl_start]
     begun_in_rl = [step for step, length in ended_in_rl if step - num_envs * (length - 1) > rl_start]

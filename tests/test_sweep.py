@@ -266,7 +266,7 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
         ({"feedback": ["true", "lots"]}, "feedback must be \"true\" or a positive number of labels, not 'lots'"),
         ({"envs": None}, "envs"),
         ({"seeds": 3}, "seeds must be a list of whole numbers, not 3"),
-        ({"seeds_by_feedback": [1, 2]}, 'seeds_by_feedback must map feedback ("true", "30") to lists of seeds'),
+        ({"seeds_by_feedback": [1, 2]}, 'seeds_by_feedback must map feedback ("true", "350", ...) to lists of seeds'),
         ({"seeds_by_feedback": {"30": ["1"]}}, "seeds must be a list of whole numbers, not ['1']"),
     ],
 )
