@@ -35,14 +35,17 @@ checkpoint resumes with the settings it was started with, so a stopped run whose
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
 
 `slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run); each task runs
-`sweep.py task {out}/slurm_grid.json --index I`, a copy of the grid taken at submission. Shortly before the time limit (--signal-seconds, 120) Slurm signals the task, which
-stops its run (it saves a checkpoint) and requeues itself (`scontrol requeue`), so a run longer than the limit goes
-on where it stopped; submitting the same command again also resumes what is left. Run `report` once the array is done.
+`sweep.py task {out}/slurm_grid_{hash}.json --index I`, a copy of the grid taken at submission (named by its content,
+so a later submission of an edited grid leaves a queued task's runs alone). Shortly before the time limit
+(--signal-seconds, 120) Slurm signals the task, which stops its run (it saves a checkpoint) and requeues itself
+(`scontrol requeue`), so a run longer than the limit goes on where it stopped; submitting the same command again also
+resumes what is left. Run `report` once the array is done.
 `--out` (default benchmark/sweeps/{grid name}) sets where the runs go.
 """
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -303,9 +306,11 @@ def submit_slurm(grid, sweep_dir, options, indices):
         print("every run is done: nothing to submit")
         return None
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    # the tasks read a copy: an edit of the grid file while the array waits in the queue changes no task's run
-    frozen = sweep_dir / "slurm_grid.json"
-    frozen.write_text(Path(grid["path"]).read_text())
+    # the tasks read a copy named by its content: neither an edit of the grid file nor a later submission of an edited
+    # grid to the same folder (whose indices may have shifted) changes the run of a task still queued or requeued
+    text = Path(grid["path"]).read_text()
+    frozen = sweep_dir / f"slurm_grid_{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    frozen.write_text(text)
     task = [sys.executable, str(Path(__file__).resolve()), "task", str(frozen.resolve())]
     task += ["--out", str(sweep_dir.resolve()), "--requeue-on-signal"]
     lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{sweep_dir.name}", f"#SBATCH --array={index_ranges(todo)}"]

@@ -296,8 +296,25 @@ def test_a_slurm_dry_run_writes_an_array_of_the_runs_not_done(tmp_path):
     assert batch.rstrip().splitlines()[-1].startswith("exec ")
     assert batch.rstrip().endswith('--requeue-on-signal --index "$SLURM_ARRAY_TASK_ID"')
     # the tasks read a copy of the grid taken at submission, so an edit of the grid meanwhile moves no index
-    assert f"task {out / 'slurm_grid.json'} " in batch
-    assert json.loads((out / "slurm_grid.json").read_text()) == json.loads(grid.read_text())
+    frozen = re.search(r"task (\S+/slurm_grid_[0-9a-f]{12}\.json) ", batch)[1]
+    assert Path(frozen).parent == out and json.loads(Path(frozen).read_text()) == json.loads(grid.read_text())
+
+
+def test_an_array_still_queued_runs_its_own_grid_after_a_later_submission_changes_the_grid(tmp_path):
+    """Each submission's tasks read the grid as it was at that submission: a later submission to the same folder, of a
+    grid that gained a seed in the middle (which shifts the runs' indices), must not change what a queued task runs."""
+    grid, out = write_grid(tmp_path, seeds=[1, 3]), tmp_path / "out"
+    assert sweep("slurm", grid, "--out", out, "--dry-run").returncode == 0
+    first_array = (out / "slurm_array.sh").read_text()
+    write_grid(tmp_path, seeds=[1, 2, 3])  # runs: true 1, 2, 3, then 30 labels 1, 2, 3
+    assert sweep("slurm", grid, "--out", out, "--dry-run").returncode == 0
+    assert (out / "slurm_array.sh").read_text() != first_array
+    # index 1 of the first array is the true-reward run of seed 3; of the second, seed 2
+    task = shlex.split(first_array.rstrip().splitlines()[-1].removeprefix("exec ").replace('"$SLURM_ARRAY_TASK_ID"', "1"))
+    result = subprocess.run(task, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(path.name for path in out.glob("position__*")) == ["position__true__3"]
+    assert "--seed 3" in (out / "position__true__3" / "run.log").read_text().splitlines()[0]
 
 
 # --- a one-node Slurm cluster of the test's own: munge, slurmctld and slurmd on free ports, files in tmp_path -------
