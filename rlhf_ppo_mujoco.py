@@ -1526,6 +1526,8 @@ if __name__ == "__main__":
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    # RLHF: the bounds ClipAction clips to (gymnasium 1.x's ClipAction declares an unbounded space of its own)
+    action_low, action_high = envs.envs[0].unwrapped.action_space.low, envs.envs[0].unwrapped.action_space.high
 
     agent = Agent(obs_dim, act_dim).to(device)
     # PPO change (README "Changes to PPO"): speed only: Adam's fused kernel, no argument checks in Normal
@@ -1630,7 +1632,7 @@ if __name__ == "__main__":
             next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
 
         # RLHF: the actions the environment executed (ClipAction): what the teacher and the reward model judge
-        rollout_actions = np.clip(actions.cpu().numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        rollout_actions = np.clip(actions.cpu().numpy(), action_low, action_high)
         if rlhf:
             # RLHF: ask for the labels the schedule has due (C17 A.1). Pairs where the members disagree most (C17 2.2.4);
             # before RL the members are untrained and their disagreement is noise: random pairs

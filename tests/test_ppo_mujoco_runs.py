@@ -46,6 +46,8 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     labels = np.load(run_dir / "labels.npz")
     assert labels["obs"].shape == (40, 2, 20, 11) and labels["act"].shape == (40, 2, 20, 3)
     assert set(np.unique(labels["mu"])) <= {0.0, 0.5, 1.0}
+    # the actions judged are the ones Hopper executed, clipped to its bounds [-1, 1] (the policy's samples go beyond)
+    assert np.abs(labels["act"]).max() <= 1.0 and np.abs(labels["act"]).max() > 0.9
     # the answers are the synthetic teacher's: the segment with more true reward is preferred
     assert_answers_follow_true_returns(labels)
 
