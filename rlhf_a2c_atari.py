@@ -139,7 +139,8 @@ class Args:
     update the current rollout's rewards keep the mean they had before it"""
     reward_normalization: Literal["policy", "judged"] = "policy"
     """over which steps the learned reward gets zero mean and --reward-std (C17 2.2.1 does not say): the rewards A2C
-    received in the latest --reward-norm-window iterations (as mrahtz's reproduction), or the labelled clips' steps"""
+    received in the latest --reward-norm-window iterations (as mrahtz's reproduction), or the labelled clips' steps
+    (with --pin-reward-level only its scale: the level stays the rollouts')"""
     reward_norm_window: int = 100
     """with --reward-normalization policy: the statistics cover this many latest iterations (x 80 steps by default);
     the window is checkpointed"""
@@ -928,6 +929,7 @@ class RewardModelTraining:
         self.optimizer = optim.Adam(self.training_ensemble.parameters(), lr=args.reward_lr)
         self.l2_coef = torch.full((args.ensemble_size,), 1e-4, device=device)
         self.gradient_steps = 0  # taken during RL: every --reward-eval-every, a validation pass
+        self.pretrain_epochs_done = 0  # a run stopped while pretraining resumes at the next epoch
         # the latest validation pass's figures (see validate_reward_model)
         self.train_loss = self.val_loss = torch.full((args.ensemble_size,), math.nan)
         self.val_accuracy = math.nan
@@ -937,10 +939,10 @@ class RewardModelTraining:
     def pretrain(self, buffer, rng, stop):
         """C17 A.2: --pretrain-epochs epochs on the pretraining labels before RL starts, then A2C's copy takes the
         weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10. Returns
-        whether it finished (a stop request ends it after the epoch in progress)."""
+        whether it finished (a stop request ends it after the epoch in progress; a resumed run goes on from there)."""
         args = self.args
-        epoch_steps, start = math.ceil(buffer.size / args.reward_batch_size), time.time()
-        for epoch in range(1, args.pretrain_epochs + 1):
+        epoch_steps, start, first = math.ceil(buffer.size / args.reward_batch_size), time.time(), self.pretrain_epochs_done + 1
+        for epoch in range(first, args.pretrain_epochs + 1):
             if stop.is_set():
                 return False
             train_reward_model(
@@ -953,10 +955,10 @@ class RewardModelTraining:
                 args.label_noise,
                 rng,
             )
-            elapsed = time.time() - start
+            self.pretrain_epochs_done, elapsed = epoch, time.time() - start
             line = (
                 f"pretraining the reward model: epoch {epoch}/{args.pretrain_epochs} ({elapsed:.0f} s, "
-                f"about {elapsed / epoch * (args.pretrain_epochs - epoch):.0f} s left)"
+                f"about {elapsed / (epoch - first + 1) * (args.pretrain_epochs - epoch):.0f} s left)"
             )
             if epoch % 10 == 0 or epoch == args.pretrain_epochs:
                 self.adapt_l2_to(self.validate_and_renormalize(buffer.get(buffer.latest(args.reward_eval_labels))))
@@ -1021,6 +1023,7 @@ class RewardModelTraining:
             "reward_optimizer": self.optimizer.state_dict(),
             "l2_coef": self.l2_coef,
             "reward_steps": self.gradient_steps,
+            "reward_pretrain_epochs": self.pretrain_epochs_done,
             "reward_step_done": (self.job.result(),) if step_done else None,
             "reward_losses": (self.train_loss, self.val_loss, self.val_accuracy),
         }
@@ -1031,6 +1034,7 @@ class RewardModelTraining:
         self.training_ensemble.load_state_dict(checkpoint.get("reward_fitting") or checkpoint["reward_ensemble"])
         self.optimizer.load_state_dict(checkpoint["reward_optimizer"])
         self.l2_coef = checkpoint["l2_coef"].to(device)
+        self.pretrain_epochs_done = checkpoint.get("reward_pretrain_epochs", 0)  # older checkpoints: from epoch 1
         if "reward_steps" in checkpoint:
             self.gradient_steps = checkpoint["reward_steps"]
             self.train_loss, self.val_loss, self.val_accuracy = checkpoint["reward_losses"]
@@ -1513,7 +1517,7 @@ if __name__ == "__main__":
                     failure = NO_PRETRAINING_LABEL.format(threshold=args.teacher_skip_threshold, run_dir=run_dir)
                     break
                 if not reward_training.pretrain(buffer, rng, stop_requested):
-                    break  # stopped: a resumed run pretrains again
+                    break  # stopped: a resumed run goes on at the next epoch
                 # the games under way began unrewarded: no whole learned score (one that begins with RL has one)
                 predicted_episode_return[:] = np.where(dones[-1], 0.0, np.nan)
 

@@ -635,6 +635,21 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_run_stopped_while_pretraining_its_reward_model_resumes_at_the_next_epoch(tmp_path):
+    # a stop ends pretraining after the epoch in progress; the resumed run trains the epochs that are left, once each
+    # (pretraining takes hours on a CPU: a run stopped and requeued at a time limit must get through it)
+    args = TINY.replace("--pretrain-epochs 2", "--pretrain-epochs 100") + " --save-model"
+    out, err = interrupt_run(tmp_path, args, "pretraining the reward model: epoch 2/100", script=SCRIPT)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    epochs = [int(e) for e in re.findall(r"pretraining the reward model: epoch (\d+)/100", "\n".join([out, resumed.stdout]))]
+    assert 2 < epochs[0] < 100 and epochs == list(range(epochs[0], 101)), epochs  # epochs 1-2 were read before the stop
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1200
+
+
+@pytest.mark.slow
 def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(tmp_path):
     # rounds of 50 steps per env (10 iterations), 2 of pretraining, then 10 of 2 labels each; a checkpoint every round
     # and a line every iteration. Killed (-9) in round 8, the run resumes from the checkpoint that ended round 7.
