@@ -1123,7 +1123,10 @@ class HumanTeacher:
         self.queued = []  # pair ids still to render, upload and post
         self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
         self.answered = []  # (pair id, mu) received, not yet handed over by poll()
-        self.next_index = 0  # pair ids are {experiment}-{index}
+        self.next_index = 0  # pair ids are {experiment}-{start}-{index}
+        # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
+        # server keeps those ids' clips, metadata and answers)
+        self.start_id = os.urandom(3).hex()
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.failure = None  # an error the thread cannot retry (e.g. rendering unavailable)
@@ -1146,7 +1149,7 @@ class HumanTeacher:
     def ask(self, left, right):
         with self.lock:
             for i in range(len(left["mask"])):
-                pair_id = f"{self.experiment}-{self.next_index:06d}"
+                pair_id = f"{self.experiment}-{self.start_id}-{self.next_index:06d}"
                 self.next_index += 1
                 self.waiting[pair_id] = (index_segments(left, i), index_segments(right, i))
                 self.queued.append(pair_id)
@@ -1159,6 +1162,8 @@ class HumanTeacher:
             batches = []
             for pair_id, mu, seq in answered:
                 left, right = self.waiting.pop(pair_id)
+                if pair_id in self.queued:  # answered before it was posted again (a pair of a resumed run)
+                    self.queued.remove(pair_id)
                 self.consumed_seq = max(self.consumed_seq, seq)
                 if mu is not None:
                     batches.append((left, right, mu))
@@ -1259,7 +1264,8 @@ class HumanTeacher:
                     }
                     if self._request("POST", "/api/pairs", json.dumps(pair).encode()) is not None:
                         with self.lock:
-                            self.queued.remove(pair_id)
+                            if pair_id in self.queued:  # poll() drops a pair that was answered meanwhile
+                                self.queued.remove(pair_id)
                 if pair_id is None or time.time() - last_poll > self.poll_interval:
                     self._fetch_labels()
                     last_poll = time.time()

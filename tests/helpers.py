@@ -243,3 +243,45 @@ def assert_the_finished_run_closed_its_pairs(server, run_dir, output):
     """A human-feedback run that finished tells the label server that its pairs need no more answers."""
     assert "unanswered pairs of the finished run closed" in output, output
     assert f"POST /api/experiments/{run_dir.name}/close 200" in server.log(until="/close")
+
+
+def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, segments):
+    """A human-feedback run saves its unanswered pairs with its labels (every 30 s), asks one more pair, posts it and is
+    killed (-9); raters answer every pair meanwhile. On --resume the answers of the saved pairs arrive once (no crash
+    on pairs answered before they were posted again), and a new pair never takes the id of a pair the server already
+    holds (whose answers were given to other clips). `new_teacher()` makes the script's HumanTeacher for the same run
+    folder and `server`; `segments(n)` gives (left, right) for n pairs."""
+    teacher = new_teacher()
+    teacher.ask(*segments(3))
+    teacher.save()
+    teacher.ask(*segments(1))
+    teacher.start()
+    deadline = time.time() + 120
+    while teacher.queued:
+        assert time.time() < deadline and teacher.failure is None, teacher.failure
+        time.sleep(0.05)
+    teacher.stop.set()  # the kill: the thread ends, nothing is saved after the fourth pair was posted
+    teacher.thread.join(timeout=60)
+    posted = sorted(teacher.waiting)
+    for pair_id in posted:
+        assert server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": "r", "choice": "left"})[0] == 201
+
+    resumed = new_teacher()
+    resumed.load()
+    assert sorted(resumed.waiting) == posted[:3]
+    resumed.ask(*segments(1))
+    new_id = resumed.queued[-1]
+    assert new_id not in posted
+    resumed.start()
+    try:
+        received, deadline = [], time.time() + 120
+        while len(received) < 3 or resumed.queued:
+            assert time.time() < deadline, (received, resumed.queued)
+            for _, _, mu in resumed.poll():  # as the training loop does: it stops the run if the thread failed
+                received.extend(mu.tolist())
+            time.sleep(0.01)
+        assert received == [1.0, 1.0, 1.0] and resumed.pending == 1
+        status, pair = server.call("GET", f"/api/pairs/{new_id}")
+        assert status == 200 and pair["answers"] == []  # posted as new clips: nobody has answered them
+    finally:
+        resumed.close()

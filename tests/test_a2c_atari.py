@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -591,6 +592,17 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path
         assert sum(len(mu) for _, _, mu in teacher.poll()) == 3 and teacher.pending == 0
     finally:
         teacher.close()
+
+
+def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
+    server, rng = label_server(), np.random.default_rng(0)
+    history = atari.new_history(20, 2)
+    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
+        server,
+        lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
+        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+    )
 
 
 @pytest.mark.slow

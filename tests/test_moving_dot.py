@@ -19,6 +19,7 @@ import torch
 import tyro
 from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -534,7 +535,7 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     assert (run_dir / "pending_pairs.npz").exists()
     resumed = dot.HumanTeacher(str(run_dir), "http://127.0.0.1:9", None, "Which?")
     resumed.load()
-    assert resumed.pending == 3 and resumed.queued == ["exp-000000", "exp-000001", "exp-000002"]
+    assert resumed.pending == 3 and resumed.queued == list(teacher.waiting)  # under the ids they were posted with
     for i, pair_id in enumerate(resumed.queued):
         for key in dot.SEGMENT_KEYS:
             np.testing.assert_array_equal(resumed.waiting[pair_id][0][key], left[key][i])
@@ -548,6 +549,17 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     for frame, position in zip(frames, segment["position"]):
         brightest = np.unravel_index(frame[..., 0].astype(int).argmax(), frame.shape[:2])
         assert np.abs(np.array(brightest) - position).max() <= 2
+
+
+def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
+    server, rng = label_server(), np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    (tmp_path / "exp").mkdir()
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
+        server,
+        lambda: dot.HumanTeacher(str(tmp_path / "exp"), server.url, None, "Which?", poll_interval=0.2),
+        lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
+    )
 
 
 @pytest.mark.parametrize("kind", ["synthetic", "human"])

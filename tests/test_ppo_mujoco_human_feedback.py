@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
 import torch
-from helpers import SCRIPT, assert_the_finished_run_closed_its_pairs, free_port, only_run_dir, rating_by_script
+from helpers import (
+    SCRIPT,
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_the_finished_run_closed_its_pairs,
+    free_port,
+    only_run_dir,
+    rating_by_script,
+)
 
 HUMAN = (
     "--env Hopper-v4 --feedback human --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 20"
@@ -72,17 +79,22 @@ def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_
     assert agreement > 0.8, agreement
 
 
+def hopper_segments(rng, n):
+    """n random 5-step Hopper segments, with the simulator states their clips are rendered from."""
+    return {
+        "obs": rng.normal(size=(n, 5, 11)).astype(np.float32),
+        "act": rng.normal(size=(n, 5, 3)).astype(np.float32),
+        "mask": np.ones((n, 5), np.float32),
+        "true_reward": rng.normal(size=(n, 5)).astype(np.float32),
+        "sim_state": rng.normal(size=(n, 12)),
+    }
+
+
 def test_unanswered_pairs_are_saved_and_asked_again(tmp_path):
     rng = np.random.default_rng(0)
 
     def segments(n):
-        return {
-            "obs": rng.normal(size=(n, 5, 11)).astype(np.float32),
-            "act": rng.normal(size=(n, 5, 3)).astype(np.float32),
-            "mask": np.ones((n, 5), np.float32),
-            "true_reward": rng.normal(size=(n, 5)).astype(np.float32),
-            "sim_state": rng.normal(size=(n, 12)),
-        }
+        return hopper_segments(rng, n)
 
     run_dir = tmp_path / "exp"
     run_dir.mkdir()
@@ -95,10 +107,22 @@ def test_unanswered_pairs_are_saved_and_asked_again(tmp_path):
 
     resumed = rl.HumanTeacher(str(run_dir), "Hopper-v4", "http://127.0.0.1:9", None, "Which?")
     resumed.load()
-    assert resumed.pending == 3 and resumed.queued == ["exp-000000", "exp-000001", "exp-000002"]
+    assert resumed.pending == 3 and resumed.queued == list(teacher.waiting)  # under the ids they were posted with
     for i, pair_id in enumerate(resumed.queued):  # the same segments, ready to be rendered and posted again
         for key in left:
             np.testing.assert_array_equal(resumed.waiting[pair_id][0][key], left[key][i])
             np.testing.assert_array_equal(resumed.waiting[pair_id][1][key], right[key][i])
     resumed.ask(segments(1), segments(1))
-    assert resumed.queued[-1] == "exp-000003"  # new pairs never reuse an id the server has seen
+    assert resumed.queued[-1] not in teacher.waiting  # new pairs never reuse an id the server has seen
+
+
+def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
+    server, rng = label_server(), np.random.default_rng(0)
+    (tmp_path / "exp").mkdir()
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
+        server,
+        lambda: rl.HumanTeacher(
+            str(tmp_path / "exp"), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=0.2
+        ),
+        lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
+    )
