@@ -1473,7 +1473,8 @@ def evaluate(checkpoint_path, args, video_dir=None):
                 action = agent.actor_mean(torch.as_tensor(normalize_obs(obs_rms, obs[None]))).numpy()[0]
             observations.append(obs)
             actions.append(action)
-            obs, _, terminated, truncated, info = env.step(np.clip(action, env.action_space.low, env.action_space.high))
+            action = np.clip(action, env.unwrapped.action_space.low, env.unwrapped.action_space.high)  # as executed
+            obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
         returns.append(float(info["episode"]["r"]))
         if args.behaviour is not None:  # the whole episode as one segment

@@ -310,7 +310,9 @@ def submit_slurm(grid, sweep_dir, options, indices):
     # grid to the same folder (whose indices may have shifted) changes the run of a task still queued or requeued
     text = Path(grid["path"]).read_text()
     frozen = sweep_dir / f"slurm_grid_{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
-    frozen.write_text(text)
+    if not frozen.exists():  # a resubmission of the same grid leaves the copy its queued tasks read alone
+        frozen.with_suffix(".tmp").write_text(text)
+        frozen.with_suffix(".tmp").replace(frozen)
     task = [sys.executable, str(Path(__file__).resolve()), "task", str(frozen.resolve())]
     task += ["--out", str(sweep_dir.resolve()), "--requeue-on-signal"]
     lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{sweep_dir.name}", f"#SBATCH --array={index_ranges(todo)}"]

@@ -658,6 +658,7 @@ def test_a_run_stopped_while_pretraining_its_reward_model_resumes_at_the_next_ep
     assert resumed.returncode == 0, resumed.stderr
     epochs = [int(e) for e in re.findall(r"pretraining the reward model: epoch (\d+)/100", "\n".join([out, resumed.stdout]))]
     assert 2 < epochs[0] < 100 and epochs == list(range(epochs[0], 101)), epochs  # epochs 1-2 were read before the stop
+    assert "pretraining the reward model: epoch" in resumed.stdout  # stopped before the last epoch: some were left
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1200
 
 
