@@ -687,7 +687,10 @@ class SyntheticTeacher:
                                 counts only labels answered)
         pending                 pairs asked and not yet handed over by poll(): the label budget counts them as on their way
         wait_for_answers(stop)  block until every asked pair is answered or `stop` (a threading.Event) is set
-        save(), load()          the unanswered pairs, to and from the run folder (a stopped run asks them again)
+        save(), load(consumed_seq_in_labels)
+                                the unanswered pairs, to and from the run folder (a stopped run asks them again)
+        consumed_seq            the label server's number of the last answer poll() handed over, saved with the
+                                labels (0: no server)
         close()                 stop any background work, saving what a resumed run needs"""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
@@ -695,6 +698,7 @@ class SyntheticTeacher:
         self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
         self.answered = []
         self.pending = 0  # answered when asked: always 0
+        self.consumed_seq = 0  # no label server
 
     def preferences(self, true_left, true_right):
         """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
@@ -729,7 +733,7 @@ class SyntheticTeacher:
 
     def wait_for_answers(self, stop): ...
     def save(self): ...
-    def load(self): ...
+    def load(self, consumed_seq_in_labels=0): ...
     def close(self, run_finished=False): ...
 
 
@@ -804,24 +808,29 @@ class LabelBuffer:
         return self.get(rng.integers(0, self.size, min(batch_size, self.size)))
 
 
-def save_labels(folder, stored):
+def save_labels(folder, stored, consumed_seq=0):
     """One file per batch of new labels (labels/{labels so far}.npz): a stopped run loses nothing, and no save
-    rewrites the whole buffer."""
+    rewrites the whole buffer. With them, the label server's number of the last answer they hold (human feedback; see
+    HumanTeacher.load)."""
     os.makedirs(folder, exist_ok=True)
     flat = {f"{side}_{k}": stored[side][k] for side in ("left", "right") for k in SEGMENT_KEYS}
-    flat |= {k: stored[k] for k in ("mu", "is_val", "weight")}
+    flat |= {k: stored[k] for k in ("mu", "is_val", "weight")} | {"consumed_seq": consumed_seq}
     path = f"{folder}/{stored['end']:07d}.npz"
     np.savez_compressed(path + ".tmp.npz", **flat)
     os.replace(path + ".tmp.npz", path)
 
 
 def load_labels(folder, buffer):
-    """Every saved batch, in order, into the buffer (which keeps the latest `capacity`)."""
+    """Every saved batch, in order, into the buffer (which keeps the latest `capacity`). Returns the label server's
+    number of the last answer they hold (0: none, or batches saved before it was kept)."""
+    consumed_seq = 0
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if name.endswith(".npz") and not name.endswith(".tmp.npz"):
             with np.load(os.path.join(folder, name)) as saved:
                 left, right = ({k: saved[f"{side}_{k}"] for k in SEGMENT_KEYS} for side in ("left", "right"))
                 buffer.add(left, right, saved["mu"], saved["is_val"], saved["weight"])
+                consumed_seq = max(consumed_seq, int(saved["consumed_seq"]) if "consumed_seq" in saved else 0)
+    return consumed_seq
 
 
 def query_labels(args: Args, rng, teacher, buffer, ensemble, history, labels_wanted, selection, labels_dir):
@@ -840,7 +849,7 @@ def store_answers(teacher, buffer, labels_dir):
     unanswered pairs saved in step with them."""
     for left, right, mu in teacher.poll():
         stored = buffer.add(left, right, mu)
-        save_labels(labels_dir, stored | {"end": buffer.total})
+        save_labels(labels_dir, stored | {"end": buffer.total}, teacher.consumed_seq)
     teacher.save()
 
 
@@ -1134,9 +1143,9 @@ class HumanTeacher:
                 left, right = self.waiting.pop(pair_id)
                 if pair_id in self.queued:  # answered before it was posted again (a pair of a resumed run)
                     self.queued.remove(pair_id)
-                self.consumed_seq = max(self.consumed_seq, seq)
-                if mu is not None:
+                if mu is not None and seq > self.consumed_seq:  # not in the labels already (see load)
                     batches.append((left, right, mu))
+                self.consumed_seq = max(self.consumed_seq, seq)
         if not batches:
             return []
         lefts, rights, mus = zip(*batches)
@@ -1276,17 +1285,19 @@ class HumanTeacher:
         np.savez_compressed(path + ".tmp.npz", **state)
         os.replace(path + ".tmp.npz", path)
 
-    def load(self):
-        """Asked-but-unanswered pairs of a stopped run, if any: asked again (re-posting a pair is harmless)."""
-        if not os.path.exists(self.pending_path):
-            return
-        with np.load(self.pending_path) as state:
-            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
-            self.received_seq = self.consumed_seq
-            for n, pair_id in enumerate(state["pair_ids"]):
-                left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
-                self.waiting[str(pair_id)] = (left, right)
-                self.queued.append(str(pair_id))
+    def load(self, consumed_seq_in_labels=0):
+        """Asked-but-unanswered pairs of a stopped run, if any: asked again (re-posting a pair is harmless). A run
+        killed after saving a batch of labels and before this file lists pairs as unanswered whose answers are in the
+        labels (up to `consumed_seq_in_labels`, from load_labels): poll() drops those answers when they arrive again."""
+        if os.path.exists(self.pending_path):
+            with np.load(self.pending_path) as state:
+                self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
+                self.received_seq = self.consumed_seq
+                for n, pair_id in enumerate(state["pair_ids"]):
+                    left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
+                    self.waiting[str(pair_id)] = (left, right)
+                    self.queued.append(str(pair_id))
+        self.consumed_seq = max(self.consumed_seq, consumed_seq_in_labels)
 
 
 # =====================================================================================================================
@@ -1449,8 +1460,8 @@ if __name__ == "__main__":
         )
         global_step = (start_iteration - 1) * args.batch_size
         if rlhf:
-            load_labels(labels_dir, buffer)
-            teacher.load()
+            consumed_seq_in_labels = load_labels(labels_dir, buffer)
+            teacher.load(consumed_seq_in_labels)
         print(f"resumed {run_dir} at step {global_step} with {buffer.total if rlhf else 0} labels")
 
     # ALGO Logic: Storage setup

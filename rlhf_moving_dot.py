@@ -684,11 +684,15 @@ class SyntheticTeacher:
         pending                  pairs asked and not yet handed over by poll() (they count as on their way)
         wait_for_answers(stop)   block until every asked pair is answered (True) or the threading.Event `stop` is set
                                  (False); a synthetic teacher answers when asked
-        save(), load()           keep the unanswered pairs of a stopped run for --resume (nothing to keep here)
+        save(), load(consumed_seq_in_labels)
+                                 keep the unanswered pairs of a stopped run for --resume (nothing to keep here)
+        consumed_seq             the label server's number of the last answer poll() handed over, saved with the
+                                 labels (0: no server)
         close()                  stop answering
     """
 
     pending = 0  # it answers when asked: nothing is ever on its way
+    consumed_seq = 0  # no label server
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -732,7 +736,7 @@ class SyntheticTeacher:
     def save(self):
         pass
 
-    def load(self):
+    def load(self, consumed_seq_in_labels=0):
         pass
 
     def close(self, run_finished=False):
@@ -781,18 +785,23 @@ class LabelBuffer:
         idx = slice(0, self.size) if idx is None else idx
         return {k: v[idx] for k, v in self.data.items()}
 
-    def save(self, path):
+    def save(self, path, consumed_seq=0):
+        """The labels, and the label server's number of the last answer among them (human feedback; see load)."""
         tmp = path + ".tmp.npz"
-        np.savez_compressed(tmp, **{k: v[: self.size] for k, v in self.data.items()})
+        np.savez_compressed(tmp, consumed_seq=consumed_seq, **{k: v[: self.size] for k, v in self.data.items()})
         os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous file
 
     def load(self, path):
+        """Returns the label server's number of the last answer among the labels (0: none, or a file saved before
+        it was kept)."""
         with np.load(path) as saved:
             n = len(saved["mu"])
             self._make_room(n)
             for k in self.data:
                 self.data[k][:n] = saved[k]
+            consumed_seq = int(saved["consumed_seq"]) if "consumed_seq" in saved else 0
         self.size = n
+        return consumed_seq
 
 
 # RLHF, offline variant (the blog's): a preference database of random-policy segment pairs, labelled once
@@ -1193,9 +1202,9 @@ class HumanTeacher:
                 left, right = self.waiting.pop(pair_id)
                 if pair_id in self.queued:  # answered before it was posted again (a pair of a resumed run)
                     self.queued.remove(pair_id)
-                self.consumed_seq = max(self.consumed_seq, seq)
-                if mu is not None:
+                if mu is not None and seq > self.consumed_seq:  # not in the labels already (see load)
                     batches.append((left, right, mu))
+                self.consumed_seq = max(self.consumed_seq, seq)
         if not batches:
             return []
         lefts, rights, mus = zip(*batches)
@@ -1333,17 +1342,20 @@ class HumanTeacher:
         np.savez_compressed(self.path + ".tmp.npz", **state)
         os.replace(self.path + ".tmp.npz", self.path)
 
-    def load(self):
-        """Asked-but-unanswered pairs of a stopped run, if it left any: asked again (re-posting a pair is harmless)."""
-        if not os.path.exists(self.path):
-            return
-        with np.load(self.path) as state:
-            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
-            self.received_seq = self.consumed_seq
-            for n, pair_id in enumerate(state["pair_ids"]):
-                left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
-                self.waiting[str(pair_id)] = (left, right)
-                self.queued.append(str(pair_id))
+    def load(self, consumed_seq_in_labels=0):
+        """Asked-but-unanswered pairs of a stopped run, if it left any: asked again (re-posting a pair is harmless). A
+        run killed after saving its labels and before this file lists pairs as unanswered whose answers are in the
+        labels (up to `consumed_seq_in_labels`, from LabelBuffer.load): poll() drops those answers when they arrive
+        again."""
+        if os.path.exists(self.path):
+            with np.load(self.path) as state:
+                self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
+                self.received_seq = self.consumed_seq
+                for n, pair_id in enumerate(state["pair_ids"]):
+                    left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
+                    self.waiting[str(pair_id)] = (left, right)
+                    self.queued.append(str(pair_id))
+        self.consumed_seq = max(self.consumed_seq, consumed_seq_in_labels)
 
 
 # =====================================================================================================================
@@ -1370,10 +1382,16 @@ def stop_on_signals():
 
 
 def save_labels(buffer, teacher, labels_path):
-    """The labels, and the teacher's unanswered pairs in step with them (the answers the labels hold are not fetched
-    again on --resume)."""
-    buffer.save(labels_path)
+    """The labels, with the last label-server answer they hold, then the teacher's unanswered pairs (a run killed
+    between the two files takes no answer twice on --resume: HumanTeacher.load)."""
+    buffer.save(labels_path, teacher.consumed_seq)
     teacher.save()
+
+
+def load_labels(buffer, teacher, labels_path):
+    """A stopped run's labels, then the teacher's unanswered pairs (see save_labels)."""
+    consumed_seq_in_labels = buffer.load(labels_path)
+    teacher.load(consumed_seq_in_labels)
 
 
 def save_labels_if_due(buffer, teacher, labels_path, last_save, every=30.0):
@@ -1562,8 +1580,7 @@ if __name__ == "__main__":
     if checkpoint is not None:  # Infrastructure: resume
         start_iteration, global_step = restore_checkpoint(checkpoint, agent, optimizer, reward_training)
         if rlhf:
-            buffer.load(labels_path)
-            teacher.load()
+            load_labels(buffer, teacher, labels_path)
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
     database = None
     if args.offline:  # RLHF (offline): pairs already in the database are reused; only the missing ones are labelled

@@ -638,7 +638,8 @@ def simulator_states(envs):
 # RLHF: the teachers. Every teacher has the same small interface, so the training loop never asks which one it has:
 #   start() -> the teacher     ask(left, right): queue pairs     poll() -> [(left, right, mu), ...] answered so far
 #   pending: pairs asked, not yet handed over by poll()     wait_for_answers(stop) -> False if `stop` ended the wait
-#   save() / load(): the unanswered pairs, with the run     close()
+#   save() / load(consumed_seq_in_labels): the unanswered pairs, with the run     close()
+#   consumed_seq: the label server's number of the last answer poll() handed over (0: no server), saved with the labels
 # mu = 1 left better, 0 right better, 0.5 equal. A new teacher (e.g. a scripted one, a function of two segments'
 # observations, actions and simulator states) needs these methods and a branch in make_teacher.
 class SyntheticTeacher:
@@ -651,6 +652,7 @@ class SyntheticTeacher:
         self.skip_threshold, self.equal_margin = skip_threshold, equal_margin
         self.answered = []
         self.pending = 0  # pairs asked but not yet answered: always 0, answers come at once
+        self.consumed_seq = 0  # no label server
 
     def preferences(self, true_left, true_right):
         """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
@@ -688,7 +690,7 @@ class SyntheticTeacher:
     def save(self):
         pass  # nothing is ever unanswered
 
-    def load(self):
+    def load(self, consumed_seq_in_labels=0):
         pass
 
     def close(self, run_finished=False):
@@ -813,19 +815,25 @@ class LabelBuffer:
         right = {k: batch[k][:, 1] for k in ("obs", "act", "mask")}
         return left, right, batch
 
-    def save(self, path):
+    def save(self, path, consumed_seq=0):
+        """The labels, and the label server's number of the last answer among them (human feedback; see load)."""
         tmp = path + ".tmp.npz"
-        np.savez(tmp, **{k: v[: self.size] for k, v in self.data.items()})  # uncompressed: zlib cost 40x the time
+        labels = {k: v[: self.size] for k, v in self.data.items()}
+        np.savez(tmp, consumed_seq=consumed_seq, **labels)  # uncompressed: zlib cost 40x the time
         os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous file
 
     def load(self, path):
+        """Returns the label server's number of the last answer among the labels (0: none, or a file saved before
+        it was kept)."""
         with np.load(path) as saved:
             n = len(saved["mu"])
             if n > len(self.data["mu"]):
                 self._grow(n)
             for k in self.data:
                 self.data[k][:n] = saved[k]
+            consumed_seq = int(saved["consumed_seq"]) if "consumed_seq" in saved else 0
         self.size = n
+        return consumed_seq
 
 
 # RLHF: fitting the reward model to the labels (C17 2.2.3)
@@ -1164,9 +1172,9 @@ class HumanTeacher:
                 left, right = self.waiting.pop(pair_id)
                 if pair_id in self.queued:  # answered before it was posted again (a pair of a resumed run)
                     self.queued.remove(pair_id)
-                self.consumed_seq = max(self.consumed_seq, seq)
-                if mu is not None:
+                if mu is not None and seq > self.consumed_seq:  # not in the labels already (see load)
                     batches.append((left, right, mu))
+                self.consumed_seq = max(self.consumed_seq, seq)
         if not batches:
             return []
         lefts, rights, mus = zip(*batches)
@@ -1323,20 +1331,22 @@ class HumanTeacher:
         np.savez_compressed(self.pending_path + ".tmp.npz", **state)
         os.replace(self.pending_path + ".tmp.npz", self.pending_path)
 
-    def load(self):
-        """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless)."""
-        if not os.path.exists(self.pending_path):
-            return
-        with np.load(self.pending_path) as state:
-            self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
-            self.received_seq = self.consumed_seq
-            for n, pair_id in enumerate(state["pair_ids"]):
-                left, right = (
-                    {k: state[f"{side}_{k}"][n] for k in ("obs", "act", "mask", "true_reward", "sim_state")}
-                    for side in ("left", "right")
-                )
-                self.waiting[str(pair_id)] = (left, right)
-                self.queued.append(str(pair_id))
+    def load(self, consumed_seq_in_labels=0):
+        """Asked-but-unanswered pairs of a stopped run: asked again (re-posting a pair is harmless). A run killed
+        after saving its labels and before this file lists pairs as unanswered whose answers are in the labels (up to
+        `consumed_seq_in_labels`, from LabelBuffer.load): poll() drops those answers when they arrive again."""
+        if os.path.exists(self.pending_path):
+            with np.load(self.pending_path) as state:
+                self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
+                self.received_seq = self.consumed_seq
+                for n, pair_id in enumerate(state["pair_ids"]):
+                    left, right = (
+                        {k: state[f"{side}_{k}"][n] for k in ("obs", "act", "mask", "true_reward", "sim_state")}
+                        for side in ("left", "right")
+                    )
+                    self.waiting[str(pair_id)] = (left, right)
+                    self.queued.append(str(pair_id))
+        self.consumed_seq = max(self.consumed_seq, consumed_seq_in_labels)
 
 
 # =====================================================================================================================
@@ -1447,8 +1457,16 @@ def stop_on_signals():
 
 
 def save_labels(buffer, teacher, labels_path):
-    buffer.save(labels_path)
-    teacher.save()  # in step with the buffer: the answers it holds are not fetched again
+    """The labels, with the last label-server answer they hold, then the teacher's unanswered pairs (a run killed
+    between the two files takes no answer twice on --resume: HumanTeacher.load)."""
+    buffer.save(labels_path, teacher.consumed_seq)
+    teacher.save()
+
+
+def load_labels(buffer, teacher, labels_path):
+    """A stopped run's labels, then the teacher's unanswered pairs (see save_labels)."""
+    consumed_seq_in_labels = buffer.load(labels_path)
+    teacher.load(consumed_seq_in_labels)
 
 
 def evaluate(checkpoint_path, args, video_dir=None):
@@ -1558,8 +1576,7 @@ if __name__ == "__main__":
     if checkpoint is not None:  # Infrastructure: resume
         start_iteration, global_step = restore_checkpoint(checkpoint, agent, optimizer, obs_rms, return_rms, reward_training)
         if rlhf:
-            buffer.load(labels_path)
-            teacher.load()
+            load_labels(buffer, teacher, labels_path)
         print(f"resumed {run_dir} at step {global_step} with {buffer.size if rlhf else 0} labels")
 
     # ALGO Logic: Storage setup

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -283,5 +284,59 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
         assert received == [1.0, 1.0, 1.0] and resumed.pending == 1
         status, pair = server.call("GET", f"/api/pairs/{new_id}")
         assert status == 200 and pair["answers"] == []  # posted as new clips: nobody has answered them
+    finally:
+        resumed.close()
+
+
+def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
+    server, monkeypatch, new_teacher, segments, store, resume
+):
+    """A human-feedback run is killed while saving, after its labels file was written and before its unanswered pairs
+    were (kill -9, a second Ctrl-C). On --resume the answers already in the saved labels are not taken again, and an
+    answer given while the run was down still arrives. `new_teacher()` and `segments(n)` as in
+    assert_a_resumed_teacher_keeps_pairs_and_answers_apart; `store(teacher)` takes the teacher's answers into the run's
+    label buffer and saves the labels and the teacher's pairs, as the script does; `resume(teacher)` loads a new label
+    buffer and the teacher from the run folder, as the script does on --resume, and returns the buffer's label count."""
+    teacher = new_teacher()
+    teacher.ask(*segments(3))
+    teacher.start()
+    deadline = time.time() + 120
+    while teacher.queued:
+        assert time.time() < deadline and teacher.failure is None, teacher.failure
+        time.sleep(0.05)
+    store(teacher)  # a save in step: no label, three pairs waiting
+    posted = sorted(teacher.waiting)
+    for pair_id in posted[:2]:
+        assert server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": "r", "choice": "left"})[0] == 201
+    while teacher.unanswered > 1:
+        assert time.time() < deadline and teacher.failure is None, teacher.failure
+        time.sleep(0.05)
+
+    real_replace = os.replace
+
+    def replace_then_die(source, target):  # the process dies as soon as its first file is in place
+        real_replace(source, target)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with contextlib.suppress(KeyboardInterrupt):
+        store(teacher)
+    monkeypatch.setattr(os, "replace", real_replace)
+    teacher.stop.set()
+    teacher.thread.join(timeout=60)
+    assert server.call("POST", "/api/labels", {"pair_id": posted[2], "rater": "r", "choice": "right"})[0] == 201
+
+    resumed = new_teacher()
+    labels_saved = resume(resumed)
+    assert labels_saved == 2
+    resumed.start()
+    try:
+        received = []
+        while resumed.pending:
+            assert time.time() < deadline and resumed.failure is None, resumed.failure
+            for _, _, mu in resumed.poll():
+                received.extend(mu.tolist())
+            time.sleep(0.01)
+        assert received == [0.0], received  # the third pair's answer only: the first two are in the labels already
     finally:
         resumed.close()

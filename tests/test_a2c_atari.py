@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
@@ -602,6 +603,27 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
         server,
         lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
         lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+    )
+
+
+def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_twice(tmp_path, label_server, monkeypatch):
+    server, rng = label_server(), np.random.default_rng(0)
+    history = atari.new_history(20, 2)
+    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    labels_dir, buffer = tmp_path / "labels", atari.LabelBuffer(10, 5, 3, rng)
+
+    def resume(teacher):
+        resumed_buffer = atari.LabelBuffer(10, 5, 3, rng)
+        teacher.load(atari.load_labels(labels_dir, resumed_buffer))
+        return resumed_buffer.total
+
+    assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
+        server,
+        monkeypatch,
+        lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
+        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+        lambda teacher: atari.store_answers(teacher, buffer, labels_dir),
+        resume,
     )
 
 

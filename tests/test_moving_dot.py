@@ -19,6 +19,7 @@ import torch
 import tyro
 from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
+    assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
@@ -562,6 +563,32 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     )
 
 
+def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_twice(tmp_path, label_server, monkeypatch):
+    server, rng = label_server(), np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    run_dir = tmp_path / "exp"
+    run_dir.mkdir()
+    labels_path, buffer = str(run_dir / "labels.npz"), dot.LabelBuffer(10, 6, 3, rng)
+
+    def store(teacher):
+        dot.store_answers(teacher, buffer, None)
+        dot.save_labels(buffer, teacher, labels_path)
+
+    def resume(teacher):
+        resumed_buffer = dot.LabelBuffer(10, 6, 3, rng)
+        dot.load_labels(resumed_buffer, teacher, labels_path)
+        return resumed_buffer.size
+
+    assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
+        server,
+        monkeypatch,
+        lambda: dot.HumanTeacher(str(run_dir), server.url, None, "Which?", poll_interval=0.2),
+        lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
+        store,
+        resume,
+    )
+
+
 @pytest.mark.parametrize("kind", ["synthetic", "human"])
 def test_every_teacher_has_the_interface_the_training_loop_uses(tmp_path, kind):
     """The loop never asks which teacher it has: start, ask, poll, pending, wait_for_answers, save, load, close."""
@@ -652,7 +679,7 @@ def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     # answers saved after the checkpoint, as a kill -9 between a label save and a checkpoint leaves them
     with np.load(run_dir / "labels.npz") as saved:
-        labels = {k: np.concatenate([saved[k], saved[k][:4]]) for k in saved.files}
+        labels = {k: np.concatenate([saved[k], saved[k][:4]]) if saved[k].ndim else saved[k] for k in saved.files}
     np.savez(run_dir / "labels.npz", **labels)
     held = len(labels["mu"])
     before = set(run_dir.glob("events.*"))

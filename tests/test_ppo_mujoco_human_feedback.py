@@ -13,6 +13,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
     SCRIPT,
+    assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_finished_run_closed_its_pairs,
     free_port,
@@ -125,4 +126,29 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
             str(tmp_path / "exp"), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=0.2
         ),
         lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
+    )
+
+
+def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_twice(tmp_path, label_server, monkeypatch):
+    server, rng = label_server(), np.random.default_rng(0)
+    run_dir = tmp_path / "exp"
+    run_dir.mkdir()
+    labels_path, buffer = str(run_dir / "labels.npz"), rl.LabelBuffer(10, 5, 11, 3, 3, rng)
+
+    def store(teacher):
+        rl.store_answers(teacher, buffer)
+        rl.save_labels(buffer, teacher, labels_path)
+
+    def resume(teacher):
+        resumed_buffer = rl.LabelBuffer(10, 5, 11, 3, 3, rng)
+        rl.load_labels(resumed_buffer, teacher, labels_path)
+        return resumed_buffer.size
+
+    assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
+        server,
+        monkeypatch,
+        lambda: rl.HumanTeacher(str(run_dir), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=0.2),
+        lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
+        store,
+        resume,
     )

@@ -184,7 +184,8 @@ def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
     saved = dict(np.load(run_dir / "labels.npz"))
     held = len(saved["mu"])
     assert 0 < held < 93
-    ahead = {k: np.concatenate([v, v[:7]]) for k, v in saved.items()}  # 7 answers saved after the checkpoint
+    # 7 answers saved after the checkpoint (consumed_seq, a scalar, stays)
+    ahead = {k: np.concatenate([v, v[:7]]) if v.ndim else v for k, v in saved.items()}
     np.savez_compressed(run_dir / "labels.npz", **ahead)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
 
