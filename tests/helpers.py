@@ -246,6 +246,13 @@ def assert_the_finished_run_closed_its_pairs(server, run_dir, output):
     assert f"POST /api/experiments/{run_dir.name}/close 200" in server.log(until="/close")
 
 
+def wait_for_teacher(teacher, done, deadline):
+    """Wait until `done()` holds, failing if the teacher's thread stopped or `deadline` (a time.time()) passed."""
+    while not done():
+        assert time.time() < deadline and teacher.failure is None, teacher.failure
+        time.sleep(0.05)
+
+
 def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, segments):
     """A human-feedback run saves its unanswered pairs with its labels (every 30 s), asks one more pair, posts it and is
     killed (-9); raters answer every pair meanwhile. On --resume the answers of the saved pairs arrive once (no crash
@@ -258,9 +265,7 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
     teacher.ask(*segments(1))
     teacher.start()
     deadline = time.time() + 120
-    while teacher.queued:
-        assert time.time() < deadline and teacher.failure is None, teacher.failure
-        time.sleep(0.05)
+    wait_for_teacher(teacher, lambda: not teacher.queued, deadline)  # every pair posted
     teacher.stop.set()  # the kill: the thread ends, nothing is saved after the fourth pair was posted
     teacher.thread.join(timeout=60)
     posted = sorted(teacher.waiting)
@@ -301,16 +306,12 @@ def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
     teacher.ask(*segments(3))
     teacher.start()
     deadline = time.time() + 120
-    while teacher.queued:
-        assert time.time() < deadline and teacher.failure is None, teacher.failure
-        time.sleep(0.05)
+    wait_for_teacher(teacher, lambda: not teacher.queued, deadline)  # every pair posted
     store(teacher)  # a save in step: no label, three pairs waiting
     posted = sorted(teacher.waiting)
     for pair_id in posted[:2]:
         assert server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": "r", "choice": "left"})[0] == 201
-    while teacher.unanswered > 1:
-        assert time.time() < deadline and teacher.failure is None, teacher.failure
-        time.sleep(0.05)
+    wait_for_teacher(teacher, lambda: teacher.unanswered == 1, deadline)  # both answers fetched
 
     real_replace = os.replace
 
