@@ -34,9 +34,10 @@ checkpoint resumes with the settings it was started with, so a stopped run whose
     python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
     python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
 
-`slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run); each task runs
-`sweep.py task {out}/slurm_grid_{hash}.json --index I`, a copy of the grid taken at submission (named by its content,
-so a later submission of an edited grid leaves a queued task's runs alone). Shortly before the time limit
+`local` and `slurm` start each run as `sweep.py task {out}/grid_{hash}.json --index I`, which reads a copy of the grid
+taken when the sweep started (named by its content), so an edit of the grid file while a sweep runs, or a later
+submission of an edited grid, leaves the runs of the sweep under way and of queued tasks alone.
+`slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run). Shortly before the time limit
 (--signal-seconds, 120) Slurm signals the task, which stops its run (it saves a checkpoint) and requeues itself
 (`scontrol requeue`), so a run longer than the limit goes on where it stopped; submitting the same command again also
 resumes what is left. Run `report` once the array is done.
@@ -72,9 +73,11 @@ C17_CLAIM = {1400: 1.0, 700: 0.95, 350: 0.9}  # C17 3.1: labels -> the share of 
 def load_grid(path):
     """The grid file as a dict, with its list of runs under "runs"; a clear error for a malformed one."""
     try:
-        grid = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        grid = json.loads(text)
     except (OSError, json.JSONDecodeError) as error:
         raise SystemExit(f"error: cannot read the grid {path}: {error}") from None
+    grid["text"] = text  # what frozen_grid copies: the file as these runs were read from it
     for key in ("script", "envs", "feedback"):
         if key not in grid:
             raise SystemExit(f"error: the grid {path} has no '{key}' (see benchmark/sweep.py's docstring)")
@@ -252,6 +255,19 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
 
 
 # --- commands ---------------------------------------------------------------------------------------------------------
+def frozen_grid(grid, sweep_dir):
+    """A copy of the grid file as it was loaded, named by its content ({out}/grid_{hash}.json), for the task processes
+    to read: an edit of the grid file while a local sweep runs, or a later submission of an edited grid to the same
+    folder, never changes what a task runs (a seed added in the middle shifts the runs' indices)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    frozen = sweep_dir / f"grid_{hashlib.sha256(grid['text'].encode()).hexdigest()[:12]}.json"
+    if not frozen.exists():  # a resubmission of the same grid leaves the copy its queued tasks read alone
+        partial = frozen.with_name(f"{frozen.name}.{os.getpid()}.tmp")
+        partial.write_text(grid["text"])
+        partial.replace(frozen)
+    return frozen
+
+
 def not_done(grid, sweep_dir, indices):
     return [i for i in indices if run_state(sweep_dir / grid["runs"][i]["name"]) != "done"]
 
@@ -263,13 +279,14 @@ def run_local(grid, sweep_dir, workers, indices):
     print(f"{len(indices) - len(todo)} of {len(indices)} runs done; running {len(todo)}, {workers} at a time")
     running = {}
     stopping = []
+    grid_copy = frozen_grid(grid, sweep_dir) if todo else None
     # `kill` or a scheduler; not through Ctrl-C's handler: a shell starts a background job (`nohup ... &`) without one
     previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:
         while (todo or running) and not stopping:
             while todo and len(running) < workers and not stopping:
                 index = todo.pop(0)
-                command = [sys.executable, __file__, "task", grid["path"], "--index", str(index), "--out", str(sweep_dir)]
+                command = [sys.executable, __file__, "task", str(grid_copy), "--index", str(index), "--out", str(sweep_dir)]
                 running[subprocess.Popen(command, start_new_session=True)] = grid["runs"][index]["name"]
             for task in [task for task in running if task.poll() is not None]:
                 name = running.pop(task)
@@ -305,14 +322,7 @@ def submit_slurm(grid, sweep_dir, options, indices):
     if not todo:
         print("every run is done: nothing to submit")
         return None
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    # the tasks read a copy named by its content: neither an edit of the grid file nor a later submission of an edited
-    # grid to the same folder (whose indices may have shifted) changes the run of a task still queued or requeued
-    text = Path(grid["path"]).read_text()
-    frozen = sweep_dir / f"slurm_grid_{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
-    if not frozen.exists():  # a resubmission of the same grid leaves the copy its queued tasks read alone
-        frozen.with_suffix(".tmp").write_text(text)
-        frozen.with_suffix(".tmp").replace(frozen)
+    frozen = frozen_grid(grid, sweep_dir)  # what a task still queued or requeued reads, whatever happens to the grid file
     task = [sys.executable, str(Path(__file__).resolve()), "task", str(frozen.resolve())]
     task += ["--out", str(sweep_dir.resolve()), "--requeue-on-signal"]
     lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{sweep_dir.name}", f"#SBATCH --array={index_ranges(todo)}"]

@@ -296,7 +296,7 @@ def test_a_slurm_dry_run_writes_an_array_of_the_runs_not_done(tmp_path):
     assert batch.rstrip().splitlines()[-1].startswith("exec ")
     assert batch.rstrip().endswith('--requeue-on-signal --index "$SLURM_ARRAY_TASK_ID"')
     # the tasks read a copy of the grid taken at submission, so an edit of the grid meanwhile moves no index
-    frozen = re.search(r"task (\S+/slurm_grid_[0-9a-f]{12}\.json) ", batch)[1]
+    frozen = re.search(r"task (\S+/grid_[0-9a-f]{12}\.json) ", batch)[1]
     assert Path(frozen).parent == out and json.loads(Path(frozen).read_text()) == json.loads(grid.read_text())
 
 
@@ -314,6 +314,28 @@ def test_an_array_still_queued_runs_its_own_grid_after_a_later_submission_change
     result = subprocess.run(task, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(path.name for path in out.glob("position__*")) == ["position__true__3"]
+    assert "--seed 3" in (out / "position__true__3" / "run.log").read_text().splitlines()[0]
+
+
+def test_a_local_sweep_runs_the_grid_it_started_with_when_the_grid_file_changes_meanwhile(tmp_path):
+    """A local sweep runs its runs one after another, each as a task process: a grid file edited while it runs (a seed
+    added in the middle, which shifts the runs' indices) must not change what its later tasks run."""
+    grid, out = write_grid(tmp_path, feedback=["true"], seeds=[1, 3]), tmp_path / "out"
+    local = subprocess.Popen(
+        [sys.executable, str(SWEEP), "local", str(grid), "--out", str(out), "--workers", "1"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: (out / "position__true__1" / "run.log").exists(), 120)
+        write_grid(tmp_path, feedback=["true"], seeds=[1, 2, 3])  # index 1 was seed 3; now it is seed 2
+        output = local.communicate(timeout=300)[0]
+    finally:
+        stop_processes_under(tmp_path)
+    assert local.returncode == 0, output
+    assert sorted(path.name for path in out.glob("position__*")) == ["position__true__1", "position__true__3"], output
     assert "--seed 3" in (out / "position__true__3" / "run.log").read_text().splitlines()[0]
 
 
