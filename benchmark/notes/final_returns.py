@@ -1,0 +1,61 @@
+"""Final true returns of two sweeps, every finished seed of each (not paired by seed: seeds are independent draws, and
+runs of one seed do not stay alike across code versions or machines): per mode, the mean and sample standard
+deviation, the difference of the means with its standard error (Welch), and each mean's ratio to the true-reward
+runs of the first sweep.
+
+Usage (from the repository root):
+  python benchmark/notes/final_returns.py --sweep benchmark/sweeps/hopper_clipfix --against benchmark/sweeps/c17_mujoco \
+    --env Hopper-v4
+A run counts once its folder has done.json; its final return is the true return of the last 10 episodes on its last
+progress line (benchmark/plot.py's reader of run.log).
+"""
+
+import argparse
+import collections
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plot import progress  # noqa: E402
+
+
+def finals(sweep_dir, env):
+    """mode -> {seed: final true return} of the finished runs."""
+    by_mode = collections.defaultdict(dict)
+    for log in sorted(Path(sweep_dir).glob(f"{env}__*__*/run.log")):
+        if not (log.parent / "done.json").exists():
+            continue
+        mode, seed = re.match(rf"{re.escape(env)}__(\w+?)__(\d+)$", log.parent.name).groups()
+        by_mode[mode][int(seed)] = progress(log)[1][-1]
+    return {mode: dict(sorted(runs.items())) for mode, runs in by_mode.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sweep", required=True)
+    parser.add_argument("--against", required=True)
+    parser.add_argument("--env", required=True)
+    options = parser.parse_args()
+    change, baseline = finals(options.sweep, options.env), finals(options.against, options.env)
+    true_mean = np.mean(list(change["true"].values()))
+    print(f"{options.env}: {options.sweep} against {options.against}, final true returns of the finished runs")
+    print(f"ratios to the true-reward runs of {options.sweep} ({len(change['true'])} seeds, mean {true_mean:.0f})")
+    print(
+        "| mode | seeds, change | change, mean ± std | seeds, baseline | baseline, mean ± std | difference ± SE | ratio, change / baseline |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for mode in sorted(set(change) & set(baseline) - {"true"}, key=lambda mode: (len(mode), mode)):
+        a, b = np.array(list(change[mode].values())), np.array(list(baseline[mode].values()))
+        se = np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+        print(
+            f"| {mode} | {', '.join(map(str, change[mode]))} | {a.mean():.0f} ± {a.std(ddof=1):.0f} | "
+            f"{', '.join(map(str, baseline[mode]))} | {b.mean():.0f} ± {b.std(ddof=1):.0f} | "
+            f"{a.mean() - b.mean():+.0f} ± {se:.0f} | {a.mean() / true_mean:.2f} / {b.mean() / true_mean:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
