@@ -820,9 +820,10 @@ def save_labels(folder, stored, consumed_seq=0):
     os.replace(path + ".tmp.npz", path)
 
 
-def load_labels(folder, buffer):
-    """Every saved batch, in order, into the buffer (which keeps the latest `capacity`). Returns the label server's
-    number of the last answer they hold (0: none, or batches saved before it was kept)."""
+def load_labels(folder, buffer, teacher=None):
+    """Every saved batch, in order, into the buffer (which keeps the latest `capacity`); then, given the run's teacher,
+    its unanswered pairs, with the label server's number of the last answer the batches hold (0: none, or batches
+    saved before it was kept), whose answers it drops when they arrive again (HumanTeacher.load)."""
     consumed_seq = 0
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if name.endswith(".npz") and not name.endswith(".tmp.npz"):
@@ -830,7 +831,8 @@ def load_labels(folder, buffer):
                 left, right = ({k: saved[f"{side}_{k}"] for k in SEGMENT_KEYS} for side in ("left", "right"))
                 buffer.add(left, right, saved["mu"], saved["is_val"], saved["weight"])
                 consumed_seq = max(consumed_seq, int(saved["consumed_seq"]) if "consumed_seq" in saved else 0)
-    return consumed_seq
+    if teacher is not None:
+        teacher.load(consumed_seq)
 
 
 def query_labels(args: Args, rng, teacher, buffer, ensemble, history, labels_wanted, selection, labels_dir):
@@ -1108,6 +1110,7 @@ class HumanTeacher:
         self.start_id = os.urandom(3).hex()
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
+        self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
         self.failure = None  # an error the thread cannot retry
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._work, daemon=True)
@@ -1138,6 +1141,7 @@ class HumanTeacher:
             raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
         with self.lock:
             answered, self.answered = self.answered, []
+            self.taken_seq = self.received_seq
             batches = []
             for pair_id, mu, seq in answered:
                 left, right = self.waiting.pop(pair_id)
@@ -1278,6 +1282,8 @@ class HumanTeacher:
         with self.lock:
             ids = list(self.waiting)
             state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
+            # where a resumed run fetches again: below consumed_seq while answers it must drop are still to come (load)
+            state["fetch_from"] = min(self.consumed_seq, self.taken_seq)
             for side, which in (("left", 0), ("right", 1)):
                 for key in SEGMENT_KEYS:
                     values = [self.waiting[i][which][key] for i in ids]
@@ -1292,7 +1298,8 @@ class HumanTeacher:
         if os.path.exists(self.pending_path):
             with np.load(self.pending_path) as state:
                 self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
-                self.received_seq = self.consumed_seq
+                fetch_from = int(state["fetch_from"]) if "fetch_from" in state else self.consumed_seq
+                self.received_seq = self.taken_seq = fetch_from
                 for n, pair_id in enumerate(state["pair_ids"]):
                     left, right = ({k: state[f"{side}_{k}"][n] for k in SEGMENT_KEYS} for side in ("left", "right"))
                     self.waiting[str(pair_id)] = (left, right)
@@ -1460,8 +1467,7 @@ if __name__ == "__main__":
         )
         global_step = (start_iteration - 1) * args.batch_size
         if rlhf:
-            consumed_seq_in_labels = load_labels(labels_dir, buffer)
-            teacher.load(consumed_seq_in_labels)
+            load_labels(labels_dir, buffer, teacher)
         print(f"resumed {run_dir} at step {global_step} with {buffer.total if rlhf else 0} labels")
 
     # ALGO Logic: Storage setup

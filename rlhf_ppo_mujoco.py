@@ -1137,6 +1137,7 @@ class HumanTeacher:
         self.start_id = os.urandom(3).hex()
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
+        self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
         self.failure = None  # an error the thread cannot retry (e.g. rendering unavailable)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._work, daemon=True)
@@ -1167,6 +1168,7 @@ class HumanTeacher:
             raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
         with self.lock:
             answered, self.answered = self.answered, []
+            self.taken_seq = self.received_seq
             batches = []
             for pair_id, mu, seq in answered:
                 left, right = self.waiting.pop(pair_id)
@@ -1324,6 +1326,8 @@ class HumanTeacher:
         with self.lock:
             ids = list(self.waiting)
             state = {"pair_ids": np.array(ids, dtype=str), "next_index": self.next_index, "consumed_seq": self.consumed_seq}
+            # where a resumed run fetches again: below consumed_seq while answers it must drop are still to come (load)
+            state["fetch_from"] = min(self.consumed_seq, self.taken_seq)
             for side, which in (("left", 0), ("right", 1)):
                 for key in ("obs", "act", "mask", "true_reward", "sim_state"):
                     values = [self.waiting[i][which][key] for i in ids]
@@ -1338,7 +1342,8 @@ class HumanTeacher:
         if os.path.exists(self.pending_path):
             with np.load(self.pending_path) as state:
                 self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
-                self.received_seq = self.consumed_seq
+                fetch_from = int(state["fetch_from"]) if "fetch_from" in state else self.consumed_seq
+                self.received_seq = self.taken_seq = fetch_from
                 for n, pair_id in enumerate(state["pair_ids"]):
                     left, right = (
                         {k: state[f"{side}_{k}"][n] for k in ("obs", "act", "mask", "true_reward", "sim_state")}

@@ -297,8 +297,8 @@ def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
     server, monkeypatch, new_teacher, segments, store, resume
 ):
     """A human-feedback run is killed while saving, after its labels file was written and before its unanswered pairs
-    were (kill -9, a second Ctrl-C). On --resume the answers already in the saved labels are not taken again, and an
-    answer given while the run was down still arrives. `new_teacher()` and `segments(n)` as in
+    were (kill -9, a second Ctrl-C), and stopped again right after its --resume. On the next --resume the answers already
+    in the saved labels are not taken again, and an answer given while the run was down still arrives. `new_teacher()` and `segments(n)` as in
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart; `store(teacher)` takes the teacher's answers into the run's
     label buffer and saves the labels and the teacher's pairs, as the script does; `resume(teacher)` loads a new label
     buffer and the teacher from the run folder, as the script does on --resume, and returns the buffer's label count."""
@@ -327,9 +327,11 @@ def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
     teacher.thread.join(timeout=60)
     assert server.call("POST", "/api/labels", {"pair_id": posted[2], "rater": "r", "choice": "right"})[0] == 201
 
+    stopped_again = new_teacher()
+    assert resume(stopped_again) == 2
+    store(stopped_again)  # stopped again at once (a second Ctrl-C), before its thread fetched the answers it must drop
     resumed = new_teacher()
-    labels_saved = resume(resumed)
-    assert labels_saved == 2
+    assert resume(resumed) == 2
     resumed.start()
     try:
         received = []

@@ -614,7 +614,7 @@ def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_t
 
     def resume(teacher):
         resumed_buffer = atari.LabelBuffer(10, 5, 3, rng)
-        teacher.load(atari.load_labels(labels_dir, resumed_buffer))
+        atari.load_labels(labels_dir, resumed_buffer, teacher)
         return resumed_buffer.total
 
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
