@@ -234,6 +234,21 @@ class LabelStore:
         self.seen.pop(experiment, None)
         return closed
 
+    def keep_open(self, experiment, pair_ids):
+        """Of this experiment's open pairs, close all but `pair_ids`: a resumed trainer waits for those only (a run
+        killed after its last save posted pairs it has no record of; their answers would reach no one). The experiment
+        stays live. Returns how many were closed."""
+        keep = set(pair_ids)
+        with self.lock:
+            with self._transaction():
+                rows = self.db.execute(
+                    "SELECT pair_id FROM pairs WHERE experiment = ? AND open = 1 AND golden IS NULL", (experiment,)
+                )
+                unwanted = [(pair_id,) for (pair_id,) in rows.fetchall() if pair_id not in keep]
+                self.db.executemany("UPDATE pairs SET open = 0 WHERE pair_id = ?", unwanted)
+            self.open_count -= len(unwanted)
+        return len(unwanted)
+
     def _has_clip(self, clip_id):
         return self.db.execute("SELECT 1 FROM clips WHERE clip_id = ?", (clip_id,)).fetchone() is not None
 
@@ -776,8 +791,8 @@ def make_handler(store, args, rater_of_key=None):
             elif length:
                 self.rfile.read(length)
 
-        def read_json(self):
-            raw = self.read_body(args.max_json_bytes)
+        def read_json(self, limit=None):
+            raw = self.read_body(limit or args.max_json_bytes)
             # a browser sends text/plain or a form from any web page without asking the server first; application/json
             # from another page needs the server's consent (a preflight OPTIONS, which gets 405): other pages cannot post
             content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
@@ -864,6 +879,8 @@ def make_handler(store, args, rater_of_key=None):
                     return lambda: self.get_labels(query)
                 case ("POST", ["api", "experiments", experiment, "close"]):
                     return lambda: self.close_experiment(experiment)
+                case ("POST", ["api", "experiments", experiment, "keep"]):
+                    return lambda: self.keep_open(experiment)
                 case ("GET", ["api", "admin"]):
                     return lambda: self.admin()
                 case ("GET", ["api", "export"]):
@@ -1040,6 +1057,16 @@ def make_handler(store, args, rater_of_key=None):
             self.require_token()
             experiment = require_id(experiment, "experiment")
             self.send_json(HTTPStatus.OK, {"experiment": experiment, "closed": store.close_experiment(experiment)})
+
+        def keep_open(self, experiment):
+            self.require_token()
+            experiment = require_id(experiment, "experiment")
+            # a resumed run's unanswered pairs, up to its label budget: more than one pair's JSON, so the clips' limit
+            pair_ids = self.read_json(args.max_clip_bytes).get("pair_ids")
+            if not isinstance(pair_ids, list):
+                raise ApiError(HTTPStatus.BAD_REQUEST, "'pair_ids' must be a list of the pair ids still wanted")
+            pair_ids = [require_id(pair_id, "each of 'pair_ids'") for pair_id in pair_ids]
+            self.send_json(HTTPStatus.OK, {"experiment": experiment, "closed": store.keep_open(experiment, pair_ids)})
 
         def admin(self):
             self.require_token()

@@ -1111,6 +1111,7 @@ class HumanTeacher:
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
+        self.resumed = False  # load() found the pairs of a stopped run
         self.failure = None  # an error the thread cannot retry
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._work, daemon=True)
@@ -1207,6 +1208,8 @@ class HumanTeacher:
 
     def _work(self):
         try:
+            if self.resumed:  # before this process posts a pair
+                self._close_pairs_not_waiting()
             last_poll = 0.0
             while not self.stop.is_set():
                 with self.lock:
@@ -1238,6 +1241,19 @@ class HumanTeacher:
                     self.stop.wait(self.poll_interval)
         except Exception as error:  # reported to the training loop by poll()
             self.failure = f"{type(error).__name__}: {error}"
+
+    def _close_pairs_not_waiting(self):
+        """Pairs a killed run posted after its last save are in no file: their answers would reach no run. The server
+        closes the experiment's open pairs but those this run waits for, so raters are not given them."""
+        with self.lock:
+            body = json.dumps({"pair_ids": list(self.waiting)}).encode()
+        try:
+            reply = self._request("POST", f"/api/experiments/{self.experiment}/keep", body)
+        except RuntimeError as error:  # e.g. a label server from before this call: the run goes on without it
+            print(f"label server: could not close the stopped run's pairs that no longer count ({error})")
+            return
+        if reply is not None and reply["closed"]:
+            print(f"label server: closed {reply['closed']} pairs that the stopped run posted after its last save (not resumed)")
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
@@ -1296,6 +1312,7 @@ class HumanTeacher:
         killed after saving a batch of labels and before this file lists pairs as unanswered whose answers are in the
         labels (up to `consumed_seq_in_labels`, from load_labels): poll() drops those answers when they arrive again."""
         if os.path.exists(self.pending_path):
+            self.resumed = True
             with np.load(self.pending_path) as state:
                 self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
                 fetch_from = int(state["fetch_from"]) if "fetch_from" in state else self.consumed_seq

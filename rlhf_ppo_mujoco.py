@@ -1138,6 +1138,7 @@ class HumanTeacher:
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
+        self.resumed = False  # load() found the pairs of a stopped run
         self.failure = None  # an error the thread cannot retry (e.g. rendering unavailable)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._work, daemon=True)
@@ -1249,6 +1250,8 @@ class HumanTeacher:
 
     def _work(self):
         try:
+            if self.resumed:  # before this process posts a pair
+                self._close_pairs_not_waiting()
             render_env = make_render_env(self.env_id, self.clip_size, self.env_kwargs)
             render_env.reset(seed=0)
             last_poll = 0.0
@@ -1284,6 +1287,19 @@ class HumanTeacher:
             render_env.close()
         except Exception as error:  # reported to the training loop by poll()
             self.failure = f"{type(error).__name__}: {error}"
+
+    def _close_pairs_not_waiting(self):
+        """Pairs a killed run posted after its last save are in no file: their answers would reach no run. The server
+        closes the experiment's open pairs but those this run waits for, so raters are not given them."""
+        with self.lock:
+            body = json.dumps({"pair_ids": list(self.waiting)}).encode()
+        try:
+            reply = self._request("POST", f"/api/experiments/{self.experiment}/keep", body)
+        except RuntimeError as error:  # e.g. a label server from before this call: the run goes on without it
+            print(f"label server: could not close the stopped run's pairs that no longer count ({error})")
+            return
+        if reply is not None and reply["closed"]:
+            print(f"label server: closed {reply['closed']} pairs that the stopped run posted after its last save (not resumed)")
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
@@ -1340,6 +1356,7 @@ class HumanTeacher:
         after saving its labels and before this file lists pairs as unanswered whose answers are in the labels (up to
         `consumed_seq_in_labels`, from LabelBuffer.load): poll() drops those answers when they arrive again."""
         if os.path.exists(self.pending_path):
+            self.resumed = True
             with np.load(self.pending_path) as state:
                 self.next_index, self.consumed_seq = int(state["next_index"]), int(state["consumed_seq"])
                 fetch_from = int(state["fetch_from"]) if "fetch_from" in state else self.consumed_seq

@@ -254,21 +254,22 @@ def wait_for_teacher(teacher, done, deadline):
 
 
 def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, segments):
-    """A human-feedback run saves its unanswered pairs with its labels (every 30 s), asks one more pair, posts it and is
-    killed (-9); raters answer every pair meanwhile. On --resume the answers of the saved pairs arrive once (no crash
-    on pairs answered before they were posted again), and a new pair never takes the id of a pair the server already
-    holds (whose answers were given to other clips). `new_teacher()` makes the script's HumanTeacher for the same run
-    folder and `server`; `segments(n)` gives (left, right) for n pairs."""
+    """A human-feedback run saves its unanswered pairs with its labels (every 30 s), asks two more pairs, posts them and
+    is killed (-9); raters answer every pair but the last meanwhile. On --resume the answers of the saved pairs arrive
+    once (no crash on pairs answered before they were posted again), a new pair never takes the id of a pair the server
+    already holds (whose answers were given to other clips), and the pair posted after the save that nobody answered
+    is no longer served (its answer would reach no run). `new_teacher()` makes the script's HumanTeacher for the same
+    run folder and `server`; `segments(n)` gives (left, right) for n pairs."""
     teacher = new_teacher()
     teacher.ask(*segments(3))
     teacher.save()
-    teacher.ask(*segments(1))
+    teacher.ask(*segments(2))
     teacher.start()
     deadline = time.time() + 120
     wait_for_teacher(teacher, lambda: not teacher.queued, deadline)  # every pair posted
-    teacher.stop.set()  # the kill: the thread ends, nothing is saved after the fourth pair was posted
+    teacher.stop.set()  # the kill: the thread ends, nothing is saved after the fourth and fifth pairs were posted
     teacher.thread.join(timeout=60)
-    posted = sorted(teacher.waiting)
+    posted, orphan = sorted(teacher.waiting)[:4], sorted(teacher.waiting)[4]
     for pair_id in posted:
         assert server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": "r", "choice": "left"})[0] == 201
 
@@ -277,7 +278,7 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
     assert sorted(resumed.waiting) == posted[:3]
     resumed.ask(*segments(1))
     new_id = resumed.queued[-1]
-    assert new_id not in posted
+    assert new_id not in teacher.waiting
     resumed.start()
     try:
         received, deadline = [], time.time() + 120
@@ -289,6 +290,8 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
         assert received == [1.0, 1.0, 1.0] and resumed.pending == 1
         status, pair = server.call("GET", f"/api/pairs/{new_id}")
         assert status == 200 and pair["answers"] == []  # posted as new clips: nobody has answered them
+        status, served = server.call("GET", "/api/pairs/next?rater=another")  # the orphan is older: served first if open
+        assert status == 200 and served["pair_id"] == new_id, (served, orphan)
     finally:
         resumed.close()
 

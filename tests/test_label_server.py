@@ -1008,6 +1008,36 @@ def test_a_trainer_closes_its_experiment_and_its_pairs_are_no_longer_served(labe
     assert server.call("POST", "/api/experiments/never-posted/close")[1]["closed"] == 0
 
 
+def test_a_resumed_trainer_keeps_open_only_the_pairs_it_waits_for(label_server, tmp_path):
+    db = tmp_path / "keep.sqlite"
+    server = label_server(db=db, token="s3cret")
+    for pair_id, golden in [("a1", None), ("a2", None), ("a3", None), ("ag", "left")]:
+        post_pair(server, pair_id, experiment="run", golden=golden)
+    post_pair(server, "b1", experiment="other")
+    assert answer(server, "a3", "ann", "left")[0] == 201  # labelled, hence closed already
+    keep = {"pair_ids": ["a1", "a3", "not-posted-yet"]}
+    assert server.call("POST", "/api/experiments/run/keep", keep, token="wrong")[0] == 401
+    for bad, message in [({}, "pair_ids"), ({"pair_ids": "a1"}, "pair_ids"), ({"pair_ids": ["../x"]}, "pair_ids")]:
+        status, reply = server.call("POST", "/api/experiments/run/keep", bad)
+        assert status == 400 and message in reply["error"], reply
+    assert server.call("POST", "/api/experiments/run/keep", keep) == (200, {"experiment": "run", "closed": 1})
+    # a2 is no longer served; a1, the golden pair (quality control goes on) and the other experiment's pair are
+    served = set()
+    while (pair := next_pair(server, "bob")) is not None:
+        served.add(pair["pair_id"])
+        assert answer(server, pair["pair_id"], "bob", "left")[0] == 201
+    assert served == {"a1", "ag", "b1"}
+    # the experiment stays live: a pair it posts later is served, and the closed pair stays closed across a restart
+    server.stop()
+    server = label_server(db=db, token="s3cret")
+    post_pair(server, "a4", experiment="run")
+    assert next_pair(server, "bob")["pair_id"] == "a4"
+    # a keep list longer than one pair's JSON may be (a resumed run waiting for its whole label budget)
+    many = {"pair_ids": [f"BreakoutNoFrameskip-v4__rlhf__1__1795796083-abcdef-{i:06d}" for i in range(3300)]}
+    assert len(json.dumps(many)) > 64 * 1024
+    assert server.call("POST", "/api/experiments/run/keep", many)[1]["closed"] == 1  # a4
+
+
 def test_a_database_from_before_closing_serves_only_its_unlabelled_pairs(label_server, tmp_path):
     db = tmp_path / "old.sqlite"
     with closing(sqlite3.connect(db)) as old:  # the tables as servers before the `open` column (and labels' raters) made them
