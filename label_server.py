@@ -46,9 +46,10 @@ class Args:
     golden_threshold: float = 0.7
     """a rater whose accuracy on golden pairs falls below this stops counting towards labels"""
     max_clip_bytes: int = 16 * 1024 * 1024
-    """largest clip upload accepted (413 above it)"""
+    """largest clip upload, crowd result file (/api/import) or list of a resumed trainer's pairs (/keep) accepted (413
+    above it)"""
     max_json_bytes: int = 64 * 1024
-    """largest JSON request body accepted (413 above it)"""
+    """largest JSON request body accepted (413 above it), except a resumed trainer's list of pairs (max_clip_bytes)"""
     lease_seconds: float = 60.0
     """a pair handed to a rater is theirs this long (or until they answer): others are given other pairs meanwhile"""
     live_seconds: float = 600.0
@@ -92,6 +93,8 @@ CREATE TABLE IF NOT EXISTS labels (seq INTEGER PRIMARY KEY AUTOINCREMENT, pair_i
                                    created REAL NOT NULL, raters TEXT);
 -- when a trainer last closed its experiment: a pair posted before that is not opened again by an undo
 CREATE TABLE IF NOT EXISTS closed_experiments (experiment TEXT PRIMARY KEY, closed REAL NOT NULL);
+-- pairs a resumed trainer no longer waits for (POST /api/experiments/<e>/keep): not opened again by an undo either
+CREATE TABLE IF NOT EXISTS unwanted_pairs (pair_id TEXT PRIMARY KEY);
 CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 -- answers saved before rater names were normalised (then ASCII only): "Alice" and "alice " become "alice"; where both
 -- answered a pair, the other spelling's answer keeps its old name (OR IGNORE) and still counts as another rater's
@@ -246,6 +249,7 @@ class LabelStore:
                 )
                 unwanted = [(pair_id,) for (pair_id,) in rows.fetchall() if pair_id not in keep]
                 self.db.executemany("UPDATE pairs SET open = 0 WHERE pair_id = ?", unwanted)
+                self.db.executemany("INSERT OR IGNORE INTO unwanted_pairs VALUES (?)", unwanted)
             self.open_count -= len(unwanted)
         return len(unwanted)
 
@@ -435,7 +439,7 @@ class LabelStore:
                 if made_label:
                     self.db.execute("DELETE FROM labels WHERE pair_id = ?", (pair_id,))
                     final, _ = self._finalize(pair_id, experiment, golden)  # the answers left may be enough
-                    if not final and not self._closed_since(experiment, posted):
+                    if not final and not self._closed_by_trainer(pair_id, experiment, posted):
                         self.open_count += self.db.execute(
                             "UPDATE pairs SET open = 1 WHERE pair_id = ? AND open = 0", (pair_id,)
                         ).rowcount
@@ -446,10 +450,13 @@ class LabelStore:
                 self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
             return still_open
 
-    def _closed_since(self, experiment, posted):
-        """Has the experiment's trainer closed it since this time (when one of its pairs was posted)? Under lock."""
+    def _closed_by_trainer(self, pair_id, experiment, posted):
+        """Has the pair's trainer closed it: the whole experiment since the pair was posted, or the pair itself (keep)?
+        Under lock."""
         row = self.db.execute("SELECT closed FROM closed_experiments WHERE experiment = ?", (experiment,)).fetchone()
-        return row is not None and row[0] >= posted
+        if row is not None and row[0] >= posted:
+            return True
+        return self.db.execute("SELECT 1 FROM unwanted_pairs WHERE pair_id = ?", (pair_id,)).fetchone() is not None
 
     def _finalize(self, pair_id, experiment, golden):
         """Inside a transaction: publish the pair's label once it has `overlap` counted answers (never golden), and

@@ -255,11 +255,12 @@ def wait_for_teacher(teacher, done, deadline):
 
 def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, segments):
     """A human-feedback run saves its unanswered pairs with its labels (every 30 s), asks two more pairs, posts them and
-    is killed (-9); raters answer every pair but the last meanwhile. On --resume the answers of the saved pairs arrive
-    once (no crash on pairs answered before they were posted again), a new pair never takes the id of a pair the server
-    already holds (whose answers were given to other clips), and the pair posted after the save that nobody answered
-    is no longer served (its answer would reach no run). `new_teacher()` makes the script's HumanTeacher for the same
-    run folder and `server`; `segments(n)` gives (left, right) for n pairs."""
+    is killed (-9); raters answer two saved pairs and the first pair posted after the save meanwhile. On --resume the
+    answers of the saved pairs arrive once (no crash on pairs answered before they were posted again), a new pair never
+    takes the id of a pair the server already holds (whose answers were given to other clips), the saved pair nobody
+    answered is still served, and the pair posted after the save that nobody answered is not (its answer would reach
+    no run). `new_teacher()` makes the script's HumanTeacher for the same run folder and `server`; `segments(n)` gives
+    (left, right) for n pairs."""
     teacher = new_teacher()
     teacher.ask(*segments(3))
     teacher.save()
@@ -270,7 +271,7 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
     teacher.stop.set()  # the kill: the thread ends, nothing is saved after the fourth and fifth pairs were posted
     teacher.thread.join(timeout=60)
     posted, orphan = sorted(teacher.waiting)[:4], sorted(teacher.waiting)[4]
-    for pair_id in posted:
+    for pair_id in (posted[0], posted[1], posted[3]):
         assert server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": "r", "choice": "left"})[0] == 201
 
     resumed = new_teacher()
@@ -281,17 +282,21 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
     assert new_id not in teacher.waiting
     resumed.start()
     try:
-        received, deadline = [], time.time() + 120
-        while len(received) < 3 or resumed.queued:
-            assert time.time() < deadline, (received, resumed.queued)
+        deadline = time.time() + 120
+        wait_for_teacher(resumed, lambda: not resumed.queued, deadline)  # every pair posted again or anew
+        status, pair = server.call("GET", f"/api/pairs/{new_id}")
+        assert status == 200 and pair["answers"] == []  # posted as new clips: nobody has answered them
+        for wanted in (posted[2], new_id):  # oldest first: the orphan, older than the new pair, would come between
+            status, served = server.call("GET", "/api/pairs/next?rater=another")
+            assert status == 200 and served["pair_id"] == wanted, (served, orphan)
+            assert server.call("POST", "/api/labels", {"pair_id": wanted, "rater": "another", "choice": "left"})[0] == 201
+        received = []
+        while len(received) < 4:
+            assert time.time() < deadline, received
             for _, _, mu in resumed.poll():  # as the training loop does: it stops the run if the thread failed
                 received.extend(mu.tolist())
             time.sleep(0.01)
-        assert received == [1.0, 1.0, 1.0] and resumed.pending == 1
-        status, pair = server.call("GET", f"/api/pairs/{new_id}")
-        assert status == 200 and pair["answers"] == []  # posted as new clips: nobody has answered them
-        status, served = server.call("GET", "/api/pairs/next?rater=another")  # the orphan is older: served first if open
-        assert status == 200 and served["pair_id"] == new_id, (served, orphan)
+        assert received == [1.0, 1.0, 1.0, 1.0] and resumed.pending == 0
     finally:
         resumed.close()
 

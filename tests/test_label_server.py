@@ -1010,7 +1010,7 @@ def test_a_trainer_closes_its_experiment_and_its_pairs_are_no_longer_served(labe
 
 def test_a_resumed_trainer_keeps_open_only_the_pairs_it_waits_for(label_server, tmp_path):
     db = tmp_path / "keep.sqlite"
-    server = label_server(db=db, token="s3cret")
+    server = label_server("--undo-seconds", 30, db=db, token="s3cret")
     for pair_id, golden in [("a1", None), ("a2", None), ("a3", None), ("ag", "left")]:
         post_pair(server, pair_id, experiment="run", golden=golden)
     post_pair(server, "b1", experiment="other")
@@ -1021,6 +1021,9 @@ def test_a_resumed_trainer_keeps_open_only_the_pairs_it_waits_for(label_server, 
         status, reply = server.call("POST", "/api/experiments/run/keep", bad)
         assert status == 400 and message in reply["error"], reply
     assert server.call("POST", "/api/experiments/run/keep", keep) == (200, {"experiment": "run", "closed": 1})
+    # a page that showed a2 before: its answer is recorded, and taking it back does not open a2 again
+    assert answer(server, "a2", "dan", "left")[0] == 201
+    assert take_back(server, "a2", "dan") == (200, {"pair_id": "a2", "undone": True, "shown_again": False})
     # a2 is no longer served; a1, the golden pair (quality control goes on) and the other experiment's pair are
     served = set()
     while (pair := next_pair(server, "bob")) is not None:
@@ -1029,7 +1032,7 @@ def test_a_resumed_trainer_keeps_open_only_the_pairs_it_waits_for(label_server, 
     assert served == {"a1", "ag", "b1"}
     # the experiment stays live: a pair it posts later is served, and the closed pair stays closed across a restart
     server.stop()
-    server = label_server(db=db, token="s3cret")
+    server = label_server("--undo-seconds", 30, db=db, token="s3cret")
     post_pair(server, "a4", experiment="run")
     assert next_pair(server, "bob")["pair_id"] == "a4"
     # a keep list longer than one pair's JSON may be (a resumed run waiting for its whole label budget)
