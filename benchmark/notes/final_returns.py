@@ -1,7 +1,7 @@
 """Final true returns of two sweeps, every finished seed of each (not paired by seed: seeds are independent draws, and
 runs of one seed do not stay alike across code versions or machines): per mode, the mean and sample standard
 deviation, the difference of the means with its standard error (Welch), and each mean's ratio to the true-reward
-runs of the first sweep.
+runs of the first sweep; then every run's final return.
 
 Usage (from the repository root):
   python benchmark/notes/final_returns.py --sweep benchmark/sweeps/hopper_clipfix --against benchmark/sweeps/c17_mujoco \
@@ -55,6 +55,10 @@ def main():
             f"{', '.join(map(str, baseline[mode]))} | {b.mean():.0f} ± {b.std(ddof=1):.0f} | "
             f"{a.mean() - b.mean():+.0f} ± {se:.0f} | {a.mean() / true_mean:.2f} / {b.mean() / true_mean:.2f} |"
         )
+    print("per seed (seed: final true return):")
+    for mode in sorted(set(change) & set(baseline) - {"true"}, key=lambda mode: (len(mode), mode)):
+        for name, runs in (("change", change[mode]), ("baseline", baseline[mode])):
+            print(f"- {mode}, {name}: " + ", ".join(f"{seed}: {final:.0f}" for seed, final in runs.items()))
 
 
 if __name__ == "__main__":
