@@ -239,8 +239,8 @@ class LabelStore:
 
     def keep_open(self, experiment, pair_ids):
         """Of this experiment's open pairs, close all but `pair_ids`: a resumed trainer waits for those only (a run
-        killed after its last save posted pairs it has no record of; their answers would reach no one). The experiment
-        stays live. Returns how many were closed."""
+        killed after its last save posted pairs it has no record of; their answers would reach no one). Unlike
+        close_experiment, the experiment is not ended. Golden pairs stay. Returns how many were closed."""
         keep = set(pair_ids)
         with self.lock:
             with self._transaction():
