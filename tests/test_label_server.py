@@ -1030,7 +1030,7 @@ def test_a_resumed_trainer_keeps_open_only_the_pairs_it_waits_for(label_server, 
         served.add(pair["pair_id"])
         assert answer(server, pair["pair_id"], "bob", "left")[0] == 201
     assert served == {"a1", "ag", "b1"}
-    # the experiment stays live: a pair it posts later is served, and the closed pair stays closed across a restart
+    # the experiment is not ended: a pair it posts later is served, and the closed pair stays closed across a restart
     server.stop()
     server = label_server("--undo-seconds", 30, db=db, token="s3cret")
     post_pair(server, "a4", experiment="run")
