@@ -1133,8 +1133,8 @@ class HumanTeacher:
         self.answered = []  # (pair id, mu) received, not yet handed over by poll()
         self.next_index = 0  # pair ids are {experiment}-{start}-{index}
         # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
-        # server keeps those ids' clips, metadata and answers)
-        self.start_id = os.urandom(3).hex()
+        # server keeps those ids' clips, metadata and answers); 64 random bits, so no two processes draw the same
+        self.start_id = os.urandom(8).hex()
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer

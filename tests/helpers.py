@@ -301,6 +301,22 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
         resumed.close()
 
 
+def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, processes=20_000):
+    """Each process of a run (the first and every --resume) numbers its pairs 0, 1, ... after a part drawn at random:
+    two processes that drew the same part would post different clips under one pair id, and the server would take the
+    second for a repeat of the first (and hand its old answer to the new segments). Among 20,000 processes of one run
+    no two first pairs may share an id: 24 random bits would collide about 12 times on average, 64 bits once in about
+    10^11 runs of this test. `new_teacher()` makes the script's HumanTeacher for the run; `segments(1)` one pair."""
+    left, right = segments(1)
+    first_ids = []
+    for _ in range(processes):
+        teacher = new_teacher()
+        teacher.ask(left, right)
+        first_ids.append(teacher.queued[0])
+    repeated = [pair_id for pair_id, count in Counter(first_ids).items() if count > 1]
+    assert not repeated, f"{len(repeated)} pair ids drawn by two processes of one run, e.g. {repeated[0]}"
+
+
 def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
     server, monkeypatch, new_teacher, segments, store, resume
 ):

@@ -17,6 +17,7 @@ import torch
 from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -602,6 +603,15 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
         server,
         lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
+        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+    )
+
+
+def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
+    rng = np.random.default_rng(0)
+    history = atari.new_history(20, 2)
+    assert_processes_of_a_run_never_share_a_pair_id(
+        lambda: atari.HumanTeacher("http://127.0.0.1:9", None, "exp", "Which?", tmp_path),
         lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
     )
 

@@ -21,6 +21,7 @@ from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
@@ -559,6 +560,15 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
         server,
         lambda: dot.HumanTeacher(str(tmp_path / "exp"), server.url, None, "Which?", poll_interval=0.2),
+        lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
+    )
+
+
+def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
+    rng = np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    assert_processes_of_a_run_never_share_a_pair_id(
+        lambda: dot.HumanTeacher(str(tmp_path / "exp"), "http://127.0.0.1:9", None, "Which?"),
         lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
     )
 

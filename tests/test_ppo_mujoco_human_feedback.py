@@ -15,6 +15,7 @@ from helpers import (
     SCRIPT,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
     free_port,
     only_run_dir,
@@ -125,6 +126,14 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
         lambda: rl.HumanTeacher(
             str(tmp_path / "exp"), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=0.2
         ),
+        lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
+    )
+
+
+def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
+    rng = np.random.default_rng(0)
+    assert_processes_of_a_run_never_share_a_pair_id(
+        lambda: rl.HumanTeacher(str(tmp_path / "exp"), "Hopper-v4", "http://127.0.0.1:9", None, "Which?"),
         lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
     )
 
