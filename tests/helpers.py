@@ -303,8 +303,9 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
 
 def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, processes=20_000):
     """Each process of a run (the first and every --resume) numbers its pairs 0, 1, ... after a part drawn at random:
-    two processes that drew the same part would post different clips under one pair id, and the server would take the
-    second for a repeat of the first (and hand its old answer to the new segments). Among 20,000 processes of one run
+    two processes that drew the same part would post different clips under one pair id: the new clips replace those
+    the earlier pair's answers were given to, and the server takes the new pair for a repeat of the earlier one (one
+    answered or closed already is not served again: the run waits for it). Among 20,000 processes of one run
     no two first pairs may share an id: 24 random bits would collide about 12 times on average, 64 bits once in about
     10^11 runs of this test. `new_teacher()` makes the script's HumanTeacher for the run; `segments(1)` one pair."""
     left, right = segments(1)
