@@ -1135,6 +1135,12 @@ class HumanTeacher:
         # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
         # server keeps those ids' clips, metadata and answers); 64 random bits, so no two processes draw the same
         self.start_id = os.urandom(8).hex()
+        longest_id = f"{self.experiment}-{self.start_id}-{0:06d}-right"  # a clip's; the server takes at most 128 characters
+        if len(longest_id) > 128:
+            raise SystemExit(
+                f"error: the run folder's name ({len(self.experiment)} characters) is too long for the label server's "
+                f"ids (at most {len(self.experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
+            )
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -316,6 +317,26 @@ def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, proce
         first_ids.append(teacher.queued[0])
     repeated = [pair_id for pair_id, count in Counter(first_ids).items() if count > 1]
     assert not repeated, f"{len(repeated)} pair ids drawn by two processes of one run, e.g. {repeated[0]}"
+
+
+def assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(server, new_teacher, segments):
+    """The label server takes ids of at most 128 characters, and a clip's id is the experiment's name (the run folder's)
+    and 30 characters more ({name}-{16 hex digits}-{index:06d}-right). With a name of 98 characters the pair and its
+    clips reach the server; with 99 the teacher stops the run when it is made, naming --exp-name, not at its first
+    upload after the pretraining. `new_teacher(name)` makes the script's HumanTeacher for the experiment `name`."""
+    teacher = new_teacher("r" * 98)
+    teacher.ask(*segments(1))
+    pair_id = teacher.queued[0]
+    teacher.start()
+    try:
+        wait_for_teacher(teacher, lambda: not teacher.queued, time.time() + 120)
+        status, pair = server.call("GET", f"/api/pairs/{pair_id}")
+        assert status == 200 and pair["experiment"] == "r" * 98, pair
+        assert server.call("GET", f"/clips/{pair_id}-right")[0] == 200
+    finally:
+        teacher.close()
+    with pytest.raises(SystemExit, match=r"99 characters.*at most 98.*--exp-name"):
+        new_teacher("r" * 99)
 
 
 def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
