@@ -73,7 +73,7 @@ class Args:
 
 CHOICES = ("left", "right", "equal", "cant_tell")
 METHODS = ("GET", "PUT", "POST")  # every other method gets 405
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot: never a path
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot, dash or underscore: never a path
 RATER_SEPARATORS = " _.@-'"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # besides letters, digits and combining marks, in any script
 # arrays and objects in each other in a request's JSON: a body nested much deeper would be read and stored, then fail to
@@ -645,7 +645,7 @@ def clip_id_of(value):
 def require_id(value, what):
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise ApiError(
-            HTTPStatus.BAD_REQUEST, f"{what} must be 1-128 characters of letters, digits, '_', '.', '-' (no leading dot)"
+            HTTPStatus.BAD_REQUEST, f"{what} must be 1-128 characters of letters, digits, '_', '.', '-', the first a letter or digit"
         )
     return value
 

@@ -1106,7 +1106,7 @@ class HumanTeacher:
         self.answered = []  # (pair id, mu, seq) received, not yet handed over by poll()
         self.next_index = 0  # pair ids are {experiment}-{start}-{index}
         # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
-        # server keeps those ids' clips, metadata and answers); 64 random bits, so no two processes draw the same
+        # server keeps those ids' clips, metadata and answers); 64 random bits: two processes practically never draw the same
         self.start_id = os.urandom(8).hex()
         longest_id = f"{self.experiment}-{self.start_id}-{0:06d}-right"  # a clip's; the server takes at most 128 characters
         if len(longest_id) > 128:

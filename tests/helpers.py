@@ -303,12 +303,14 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
 
 
 def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, processes=20_000):
-    """Each process of a run (the first and every --resume) numbers its pairs 0, 1, ... after a part drawn at random:
-    two processes that drew the same part would post different clips under one pair id: the new clips replace those
-    the earlier pair's answers were given to, and the server takes the new pair for a repeat of the earlier one (one
-    answered or closed already is not served again: the run waits for it). Among 20,000 processes of one run
-    no two first pairs may share an id: 24 random bits would collide about 12 times on average, 64 bits once in about
-    10^11 runs of this test. `new_teacher()` makes the script's HumanTeacher for the run; `segments(1)` one pair."""
+    """Pair ids are {run}-{a part drawn at random by each process}-{index}, and a resumed process goes on from the
+    saved index: a run killed after posting pairs it had not saved posts its next pairs under the same indices, and if
+    both processes drew the same part, under the same ids. The new clips would replace those the earlier pairs'
+    answers were given to, and the server would take each new pair for a repeat of the earlier one (answered or closed
+    already, it is not served again: the run waits for it). Fresh teachers of one run model such processes: among
+    20,000 no two first pairs may share an id (24 random bits: about 12 shared on average; 64 bits: a shared id about
+    once in 10^11 runs of this test). `new_teacher()` makes the script's HumanTeacher for the run; `segments(1)` one
+    pair."""
     left, right = segments(1)
     first_ids = []
     for _ in range(processes):
