@@ -574,13 +574,24 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     assert len(frames) == 5 and frames[0].shape[:2] == (336, 336)  # one frame per step, enlarged 4x
 
 
+def noisy_history(rng):
+    """The frames of 20 steps of 2 environments, random pixels: every segment's clips differ."""
+    history = atari.new_history(20, 2)
+    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    return history
+
+
+def segment_pairs(rng, history):
+    """`segments(n)` for the shared human-teacher helpers: n pairs of 5-step segments of `history`."""
+    return lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2))
+
+
 def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path, label_server):
     # a label round asks `schedule - buffer - pending` pairs: an answer the teacher's thread has fetched but poll() has
     # not handed to the buffer must count as pending, or the round asks for it again (more labels than the budget)
     server = label_server()
     rng = np.random.default_rng(0)
-    history = atari.new_history(20, 2)
-    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    history = noisy_history(rng)
     history["true_reward"][:] = rng.integers(-1, 2, history["true_reward"].shape)
     teacher = atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2)
     teacher.start()
@@ -599,39 +610,36 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path
 
 def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
     server, rng = label_server(), np.random.default_rng(0)
-    history = atari.new_history(20, 2)
-    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    history = noisy_history(rng)
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
         server,
         lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
-        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+        segment_pairs(rng, history),
     )
 
 
 def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
     rng = np.random.default_rng(0)
-    history = atari.new_history(20, 2)
+    history = noisy_history(rng)
     assert_processes_of_a_run_never_share_a_pair_id(
         lambda: atari.HumanTeacher("http://127.0.0.1:9", None, "exp", "Which?", tmp_path),
-        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+        segment_pairs(rng, history),
     )
 
 
 def test_a_run_folder_name_too_long_for_the_label_server_stops_the_run_at_once(tmp_path, label_server):
     server, rng = label_server(), np.random.default_rng(0)
-    history = atari.new_history(20, 2)
-    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    history = noisy_history(rng)
     assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(
         server,
         lambda name: atari.HumanTeacher(server.url, None, name, "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
-        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+        segment_pairs(rng, history),
     )
 
 
 def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_twice(tmp_path, label_server, monkeypatch):
     server, rng = label_server(), np.random.default_rng(0)
-    history = atari.new_history(20, 2)
-    history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
+    history = noisy_history(rng)
     labels_dir, buffer = tmp_path / "labels", atari.LabelBuffer(10, 5, 3, rng)
 
     def resume(teacher):
@@ -643,7 +651,7 @@ def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_t
         server,
         monkeypatch,
         lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
-        lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2)),
+        segment_pairs(rng, history),
         lambda teacher: atari.store_answers(teacher, buffer, labels_dir),
         resume,
     )
