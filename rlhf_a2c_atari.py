@@ -1114,6 +1114,11 @@ class HumanTeacher:
                 f"error: the run folder's name ({len(self.experiment)} characters) is too long for the label server's "
                 f"ids (at most {len(self.experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
             )
+        if not self.experiment[:1].isalnum():  # the server's ids start with a letter or digit
+            raise SystemExit(
+                f"error: the run folder's name '{self.experiment}' does not start with a letter or a digit, as the label "
+                "server's ids must: rename the folder"
+            )
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer

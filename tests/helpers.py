@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -321,11 +322,13 @@ def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, proce
     assert not repeated, f"{len(repeated)} pair ids drawn by two processes of one run, e.g. {repeated[0]}"
 
 
-def assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(server, new_teacher, segments):
-    """The label server takes ids of at most 128 characters, and a clip's id is the experiment's name (the run folder's)
-    and 30 characters more ({name}-{16 hex digits}-{index:06d}-right). With a name of 98 characters the pair and its
-    clips reach the server; with 99 the teacher stops the run when it is made, naming --exp-name, not at its first
-    upload after the pretraining. `new_teacher(name)` makes the script's HumanTeacher for the experiment `name`."""
+def assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(server, new_teacher, segments):
+    """The label server takes ids of at most 128 characters that start with a letter or digit, and a clip's id is the
+    experiment's name (the run folder's) and 30 characters more ({name}-{16 hex digits}-{index:06d}-right). With a name
+    of 98 characters the pair and its clips reach the server; with 99, or a name that starts with a dot, dash or
+    underscore (a folder renamed by hand, then given to --resume), the teacher stops the run when it is made, saying
+    what to change, not at its first upload after the pretraining. `new_teacher(name)` makes the script's HumanTeacher
+    for the experiment `name`."""
     teacher = new_teacher("r" * 98)
     teacher.ask(*segments(1))
     pair_id = teacher.queued[0]
@@ -339,6 +342,9 @@ def assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(serve
         teacher.close()
     with pytest.raises(SystemExit, match=r"99 characters.*at most 98.*--exp-name"):
         new_teacher("r" * 99)
+    for name in ["_run", "-run", ".run"]:
+        with pytest.raises(SystemExit, match=rf"'{re.escape(name)}'.*start with a letter or a digit.*rename"):
+            new_teacher(name)
 
 
 def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(

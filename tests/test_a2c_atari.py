@@ -17,7 +17,7 @@ import torch
 from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
-    assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once,
+    assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
@@ -627,10 +627,10 @@ def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
     )
 
 
-def test_a_run_folder_name_too_long_for_the_label_server_stops_the_run_at_once(tmp_path, label_server):
+def test_a_run_folder_name_the_label_server_cannot_take_stops_the_run_at_once(tmp_path, label_server):
     server, rng = label_server(), np.random.default_rng(0)
     history = noisy_history(rng)
-    assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(
+    assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(
         server,
         lambda name: atari.HumanTeacher(server.url, None, name, "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
         segment_pairs(rng, history),

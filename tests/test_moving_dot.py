@@ -21,7 +21,7 @@ from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
-    assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once,
+    assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
     assert_sigterm_stops_like_ctrl_c,
@@ -574,7 +574,7 @@ def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
     )
 
 
-def test_a_run_folder_name_too_long_for_the_label_server_stops_the_run_at_once(tmp_path, label_server):
+def test_a_run_folder_name_the_label_server_cannot_take_stops_the_run_at_once(tmp_path, label_server):
     server, rng = label_server(), np.random.default_rng(0)
     rollout = coded_rollout(rng)
 
@@ -582,7 +582,7 @@ def test_a_run_folder_name_too_long_for_the_label_server_stops_the_run_at_once(t
         (tmp_path / name).mkdir(exist_ok=True)
         return dot.HumanTeacher(str(tmp_path / name), server.url, None, "Which?", poll_interval=0.2)
 
-    assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(
+    assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(
         server, new_teacher, lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n))
     )
 

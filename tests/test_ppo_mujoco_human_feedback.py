@@ -15,7 +15,7 @@ from helpers import (
     SCRIPT,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
-    assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once,
+    assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
     free_port,
@@ -139,14 +139,14 @@ def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
     )
 
 
-def test_a_run_folder_name_too_long_for_the_label_server_stops_the_run_at_once(tmp_path, label_server):
+def test_a_run_folder_name_the_label_server_cannot_take_stops_the_run_at_once(tmp_path, label_server):
     server, rng = label_server(), np.random.default_rng(0)
 
     def new_teacher(name):
         (tmp_path / name).mkdir(exist_ok=True)
         return rl.HumanTeacher(str(tmp_path / name), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=0.2)
 
-    assert_a_run_folder_name_too_long_for_the_server_stops_the_run_at_once(
+    assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(
         server, new_teacher, lambda n: (hopper_segments(rng, n), hopper_segments(rng, n))
     )
 
