@@ -740,7 +740,7 @@ class SyntheticTeacher:
 def make_teacher(args: Args, run_dir, rng):
     """The teacher --feedback names (synthetic or human): the one place that asks which teacher a run has."""
     if args.feedback == "human":  # (HumanTeacher: in the Infrastructure block below)
-        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(run_dir))
+        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
         print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
         return HumanTeacher(
             args.label_server, args.label_token, experiment, args.instruction, run_dir, args.clip_scale, args.clip_fps

@@ -1153,7 +1153,7 @@ class HumanTeacher:
     asked again when it resumes. The run folder's name is the experiment's name on the label server."""
 
     def __init__(self, run_dir, server, token, instruction, clip_fps=6, poll_interval=2.0):
-        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.normpath(run_dir)))
+        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
         self.path = f"{run_dir}/pending_pairs.npz"
         self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_fps, self.poll_interval = instruction, clip_fps, poll_interval

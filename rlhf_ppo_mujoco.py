@@ -1123,7 +1123,7 @@ class HumanTeacher:
         self, run_dir, env_id, server, token, instruction, clip_size=320, clip_fps=30, env_kwargs=None, poll_interval=2.0
     ):
         self.env_id, self.env_kwargs = env_id, env_kwargs or {}
-        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.normpath(run_dir)))
+        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
         self.pending_path = os.path.join(run_dir, "pending_pairs.npz")
         self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_size, self.clip_fps, self.poll_interval = instruction, clip_size, clip_fps, poll_interval

@@ -347,6 +347,17 @@ def assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(server
             new_teacher(name)
 
 
+def assert_a_run_folder_given_as_a_dot_keeps_its_name(tmp_path, monkeypatch, new_teacher):
+    """`--resume .` from inside a run folder: the experiment is the folder's name, as from outside it, not "." (which
+    the label server's ids cannot start with). `new_teacher(run_dir)` makes the script's HumanTeacher for `run_dir` the
+    way the script does."""
+    run_dir = tmp_path / "Env-v0__exp__1__1700000000"
+    run_dir.mkdir()
+    assert new_teacher(str(run_dir)).experiment == run_dir.name
+    monkeypatch.chdir(run_dir)
+    assert new_teacher(".").experiment == run_dir.name
+
+
 def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
     server, monkeypatch, new_teacher, segments, store, resume
 ):

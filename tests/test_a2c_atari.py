@@ -17,6 +17,7 @@ import torch
 from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
@@ -634,6 +635,14 @@ def test_a_run_folder_name_the_label_server_cannot_take_stops_the_run_at_once(tm
         server,
         lambda name: atari.HumanTeacher(server.url, None, name, "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
         segment_pairs(rng, history),
+    )
+
+
+def test_a_run_folder_given_as_a_dot_keeps_its_name_as_the_experiment(tmp_path, monkeypatch):
+    assert_a_run_folder_given_as_a_dot_keeps_its_name(
+        tmp_path,
+        monkeypatch,
+        lambda run_dir: atari.make_teacher(atari.Args(feedback="human", label_server="http://127.0.0.1:9"), run_dir, None),
     )
 
 

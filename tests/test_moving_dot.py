@@ -21,6 +21,7 @@ from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
@@ -584,6 +585,12 @@ def test_a_run_folder_name_the_label_server_cannot_take_stops_the_run_at_once(tm
 
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(
         server, new_teacher, lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n))
+    )
+
+
+def test_a_run_folder_given_as_a_dot_keeps_its_name_as_the_experiment(tmp_path, monkeypatch):
+    assert_a_run_folder_given_as_a_dot_keeps_its_name(
+        tmp_path, monkeypatch, lambda run_dir: dot.HumanTeacher(run_dir, "http://127.0.0.1:9", None, "Which?")
     )
 
 
