@@ -39,12 +39,12 @@ def main():
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=100)
     cli = parser.parse_args()
-    ensembles = {}
+    ensembles = []
     for run_dir in cli.rewards:
         ensemble = load_run(run_dir)[4]
         if ensemble is None:
             sys.exit(f"{run_dir} is a true-reward run: it has no reward ensemble to score with")
-        ensembles[run_dir] = ensemble
+        ensembles.append(ensemble)
     true_returns, velocities, learned_returns = [], [], []  # learned_returns[policy][reward model]
     for run_dir in cli.policies:
         _, env, agent, obs_rms, _ = load_run(run_dir)
@@ -65,7 +65,7 @@ def main():
                             for obs, act, *_ in played
                         ]
                     )
-                    for ensemble in ensembles.values()
+                    for ensemble in ensembles
                 ]
             )
     true_returns, learned_returns = np.array(true_returns), np.array(learned_returns)
