@@ -4,22 +4,6 @@
 # copy (about 172k steps). The input of notes/early_reward.py (--old OUT_OLD --fix OUT_FIX).
 #   bash benchmark/notes/early_checkpoints.sh CODE_DIR OUT_DIR SEED    e.g. /work/bench4 /tmp/early/old4 4
 code=$1; out=$2; seed=$3
-mkdir -p "$out" && cd "$out" || exit 1
-python "$code/rlhf_ppo_mujoco.py" --env Ant-v4 --seed "$seed" --total-timesteps 1000000 --threads 1 --save-model \
-  --checkpoint-every 12 --exp-name early --labels 700 --segment-len 30 --env-kwargs '{"ctrl_cost_weight": 0}' > run.log 2>&1 &
-pid=$!
-last=""
-while kill -0 $pid 2>/dev/null; do
-  checkpoint=$(ls runs/*/checkpoint.pt 2>/dev/null | head -1)
-  if [ -n "$checkpoint" ] && [ "$(stat -c %Y "$checkpoint")" != "$last" ]; then
-    sleep 1  # the script writes checkpoint.pt.tmp and renames it: a second is ample
-    last=$(stat -c %Y "$checkpoint")
-    cp "$checkpoint" "ckpt_$(ls ckpt_*.pt 2>/dev/null | wc -l).pt"
-  fi
-  if [ "$(ls ckpt_*.pt 2>/dev/null | wc -l)" -ge 7 ]; then
-    kill -TERM $pid  # once: a second signal stops the script at once, without saving
-    wait $pid
-    break
-  fi
-  sleep 2
-done
+bash "$(dirname "$0")/checkpoint_copies.sh" "$out" 7 python "$code/rlhf_ppo_mujoco.py" --env Ant-v4 --seed "$seed" \
+  --total-timesteps 1000000 --threads 1 --save-model --checkpoint-every 12 --exp-name early --labels 700 \
+  --segment-len 30 --env-kwargs '{"ctrl_cost_weight": 0}'
