@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from final_returns import finals  # noqa: E402
 from plot import progress  # noqa: E402
-from sweep import C17_CLAIM, ratio_standard_error, ratio_to_true  # noqa: E402
+from sweep import C17_CLAIM, mode_order, ratio_standard_error, ratio_to_true  # noqa: E402
 
 
 def main():
@@ -33,8 +33,8 @@ def main():
         first_returns = [progress(log)[1][0] for log in Path(sweep_dir).glob(f"{env}__*__*/run.log")]
         start = float(np.mean(first_returns))
         true_finals = np.array(list(runs["true"].values()))
-        for mode in sorted(set(runs) - {"true"}, key=lambda mode: int(mode[len("labels") :])):
-            budget = int(mode[len("labels") :])
+        for mode in sorted(set(runs) - {"true"}, key=mode_order):
+            budget = mode_order(mode)
             claim = C17_CLAIM[budget]
             labelled = np.array([runs[mode][seed] for seed in sorted(runs[mode])])
             ratios = {k: ratio_to_true(labelled[:k].mean(), true_finals.mean(), start) for k in (3, 6, 8, len(labelled))}
