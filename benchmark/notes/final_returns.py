@@ -7,7 +7,9 @@ Usage (from the repository root):
   python benchmark/notes/final_returns.py --sweep benchmark/sweeps/hopper_clipfix --against benchmark/sweeps/c17_mujoco \
     --env Hopper-v4
 A run counts once its folder has done.json; its final return is the true return of the last 10 episodes on its last
-progress line (benchmark/plot.py's reader of run.log).
+progress line (benchmark/plot.py's reader of run.log). With --own-baselines (for a change to PPO itself, where both
+sweeps ran their own true-reward runs) the true-reward runs get a row too, and each sweep's ratio is to its own
+true-reward runs.
 """
 
 import argparse
@@ -38,25 +40,31 @@ def main():
     parser.add_argument("--sweep", required=True)
     parser.add_argument("--against", required=True)
     parser.add_argument("--env", required=True)
+    parser.add_argument("--own-baselines", action="store_true", help="a row for the true reward; each sweep's ratios to its own")
     options = parser.parse_args()
     change, baseline = finals(options.sweep, options.env), finals(options.against, options.env)
     true_mean = np.mean(list(change["true"].values()))
+    baseline_true_mean = np.mean(list(baseline["true"].values())) if options.own_baselines else true_mean
+    shown = set(change) & set(baseline) if options.own_baselines else set(change) & set(baseline) - {"true"}
+    modes = sorted(shown, key=lambda mode: (mode != "true", len(mode), mode))
     print(f"{options.env}: {options.sweep} against {options.against}, final true returns of the finished runs")
     print(f"ratios to the true-reward runs of {options.sweep} ({len(change['true'])} seeds, mean {true_mean:.0f})")
+    if options.own_baselines:
+        print(f"baseline ratios to the true-reward runs of {options.against} ({len(baseline['true'])} seeds, mean {baseline_true_mean:.0f})")
     print(
         "| mode | seeds, change | change, mean ± std | seeds, baseline | baseline, mean ± std | difference ± SE | ratio, change / baseline |"
     )
     print("|---|---|---|---|---|---|---|")
-    for mode in sorted(set(change) & set(baseline) - {"true"}, key=lambda mode: (len(mode), mode)):
+    for mode in modes:
         a, b = np.array(list(change[mode].values())), np.array(list(baseline[mode].values()))
         se = np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
         print(
             f"| {mode} | {', '.join(map(str, change[mode]))} | {a.mean():.0f} ± {a.std(ddof=1):.0f} | "
             f"{', '.join(map(str, baseline[mode]))} | {b.mean():.0f} ± {b.std(ddof=1):.0f} | "
-            f"{a.mean() - b.mean():+.0f} ± {se:.0f} | {a.mean() / true_mean:.2f} / {b.mean() / true_mean:.2f} |"
+            f"{a.mean() - b.mean():+.0f} ± {se:.0f} | {a.mean() / true_mean:.2f} / {b.mean() / baseline_true_mean:.2f} |"
         )
     print("per seed (seed: final true return):")
-    for mode in sorted(set(change) & set(baseline) - {"true"}, key=lambda mode: (len(mode), mode)):
+    for mode in modes:
         for name, runs in (("change", change[mode]), ("baseline", baseline[mode])):
             print(f"- {mode}, {name}: " + ", ".join(f"{seed}: {final:.0f}" for seed, final in runs.items()))
 
