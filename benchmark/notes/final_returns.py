@@ -44,6 +44,8 @@ def main():
     options = parser.parse_args()
     change, baseline = finals(options.sweep, options.env), finals(options.against, options.env)
     true_mean = np.mean(list(change["true"].values()))
+    if options.own_baselines and "true" not in baseline:
+        raise SystemExit(f"error: --own-baselines needs finished true-reward runs in {options.against}")
     baseline_true_mean = np.mean(list(baseline["true"].values())) if options.own_baselines else true_mean
     shown = set(change) & set(baseline) if options.own_baselines else set(change) & set(baseline) - {"true"}
     modes = sorted(shown, key=lambda mode: (mode != "true", len(mode), mode))
