@@ -47,7 +47,9 @@ def main():
     if options.own_baselines and "true" not in baseline:
         raise SystemExit(f"error: --own-baselines needs finished true-reward runs in {options.against}")
     baseline_true_mean = np.mean(list(baseline["true"].values())) if options.own_baselines else true_mean
-    shown = set(change) & set(baseline) if options.own_baselines else set(change) & set(baseline) - {"true"}
+    shown = set(change) & set(baseline)
+    if not options.own_baselines:
+        shown.discard("true")
     modes = sorted(shown, key=lambda mode: (mode != "true", len(mode), mode))
     print(f"{options.env}: {options.sweep} against {options.against}, final true returns of the finished runs")
     print(f"ratios to the true-reward runs of {options.sweep} ({len(change['true'])} seeds, mean {true_mean:.0f})")
