@@ -106,16 +106,35 @@ def alive(pid):
         return False
 
 
-def stop_processes_under(folder):
-    """Kill what a test left running in `folder` (sweeps and tasks name it; the scripts run in a run folder in it)."""
+def processes(matching):
+    """The processes (but this one) for which `matching(their /proc folder)` holds."""
+    found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            named = str(folder) in proc.joinpath("cmdline").read_text() or str(folder) in os.readlink(proc / "cwd")
-        except OSError:
+            matched = matching(proc)
+        except OSError:  # gone meanwhile
             continue
-        if named and int(proc.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                os.kill(int(proc.name), signal.SIGKILL)
+        if matched and int(proc.name) != os.getpid() and alive(proc.name):
+            found.append(int(proc.name))
+    return found
+
+
+def processes_under(folder):
+    """The processes that name `folder` or run in it: sweeps and tasks name it, the scripts run in a run folder in it."""
+    return processes(
+        lambda proc: str(folder) in proc.joinpath("cmdline").read_text() or str(folder) in os.readlink(proc / "cwd")
+    )
+
+
+def kill(pids):
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def stop_processes_under(folder):
+    """Kill what a test left running in `folder`."""
+    kill(processes_under(folder))
 
 
 def logged_steps(log):
@@ -345,8 +364,7 @@ def test_a_local_sweep_runs_the_grid_it_started_with_when_the_grid_file_changes_
 SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue")
 
 
-@pytest.fixture
-def slurm_cluster(tmp_path):
+def skip_without_slurm():
     missing = [program for program in SLURM_PROGRAMS if shutil.which(program) is None]
     if missing:
         pytest.skip(
@@ -355,7 +373,18 @@ def slurm_cluster(tmp_path):
         )
     if os.geteuid() != 0:
         pytest.skip("starting slurmd needs root (it starts jobs as their user)")
-    folder = tmp_path / "slurm"
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path):
+    skip_without_slurm()
+    with one_node_cluster(tmp_path / "slurm") as env:
+        yield env
+
+
+@contextlib.contextmanager
+def one_node_cluster(folder):
+    """The cluster's daemons, started with their files in `folder`; yields the environment its commands need."""
     for sub in ("state", "spool", "log"):
         (folder / sub).mkdir(parents=True)
     subprocess.run(["mungekey", "--create", "--keyfile", str(folder / "munge.key")], check=True, capture_output=True)
@@ -364,6 +393,7 @@ def slurm_cluster(tmp_path):
     host = socket.gethostname().split(".")[0]
     config = folder / "slurm.conf"
     # cred_expire: Slurm holds a requeued job this long before starting it again (120 s by default)
+    # KillWait: how long a cancelled job's processes have between SIGTERM and SIGKILL (30 s by default)
     config.write_text(
         f"""ClusterName=sweeptest
 SlurmctldHost={host}(127.0.0.1)
@@ -384,6 +414,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+KillWait=5
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -416,13 +447,38 @@ PartitionName=test Nodes=testnode Default=YES MaxTime=INFINITE State=UP
             pytest.fail(f"the test cluster did not come up (sinfo: {state!r}):\n{logs}")
         yield env
     finally:
+        # Slurm ends a cancelled job's processes in its own time (SIGTERM; SIGKILL after KillWait): the daemons stay up
+        # until the queue is empty, and whatever a job of this cluster still runs after them is killed here
         subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True)
+        wait_until(lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip(), 60)
         for daemon in reversed(daemons):
             daemon.terminate()
             try:
                 daemon.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 daemon.kill()
+        job_environment = f"SLURM_CONF={config}".encode()  # a job's processes inherit the submitter's environment
+        kill(processes(lambda proc: job_environment in proc.joinpath("environ").read_bytes().split(b"\0")))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
+def test_stopping_the_test_cluster_ends_the_jobs_it_still_runs(tmp_path):
+    # a test ends with its job cancelled, and a run takes its time to stop (it saves first). Were the daemons stopped
+    # before Slurm had ended the job's processes, nothing would end them: a task of a test once kept its run stepping
+    # for 17 minutes after the test suite had finished. The job here does not stop on SIGTERM at all.
+    skip_without_slurm()
+    job_folder = tmp_path / "job"
+    job_folder.mkdir()
+    with one_node_cluster(tmp_path / "slurm") as env:
+        deaf_to_sigterm = ["sbatch", "--chdir", str(job_folder), "--wrap", "trap '' TERM; sleep 600"]
+        submitted = subprocess.run(deaf_to_sigterm, env=env, capture_output=True, text=True)
+        assert submitted.returncode == 0, submitted.stderr
+        assert wait_until(lambda: processes_under(job_folder), 60), "the job did not start"
+    try:
+        assert processes_under(job_folder) == []
+    finally:
+        stop_processes_under(job_folder)
 
 
 @pytest.mark.slow
