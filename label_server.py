@@ -645,7 +645,7 @@ def clip_id_of(value):
 def require_id(value, what):
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise ApiError(
-            HTTPStatus.BAD_REQUEST, f"{what} must be 1-128 characters of letters, digits, '_', '.', '-', the first a letter or digit"
+            HTTPStatus.BAD_REQUEST, f"{what} must be 1-128 letters, digits, '_', '.' or '-', the first a letter or digit"
         )
     return value
 

@@ -1322,7 +1322,7 @@ class HumanTeacher:
             print(f"label server: could not close the stopped run's pairs that no longer count ({error})")
             return
         if reply is not None and reply["closed"]:
-            print(f"label server: closed {reply['closed']} open pairs this run no longer waits for (posted after its last save)")
+            print(f"label server: closed {reply['closed']} pairs this run no longer waits for (posted after its last save)")
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")

@@ -41,7 +41,7 @@ def render_and_encode(size):
         n = os.path.getsize(os.path.join(d, "c.webm"))
     e = time.perf_counter() - t
     print(
-        f"{size}px: render {60/r:.1f} frames/s, encode 60 frames {e:.2f} s, clip {n/1024:.0f} KiB; a pair (2 x 60 frames) {2*(r+e):.1f} s"
+        f"{size}px: render {60 / r:.1f} frames/s, encode 60 frames {e:.2f} s, clip {n / 1024:.0f} KiB; a pair (2 x 60 frames) {2 * (r + e):.1f} s"
     )
     env.close()
 

@@ -40,7 +40,9 @@ def main():
     parser.add_argument("--sweep", required=True)
     parser.add_argument("--against", required=True)
     parser.add_argument("--env", required=True)
-    parser.add_argument("--own-baselines", action="store_true", help="a row for the true reward; each sweep's ratios to its own")
+    parser.add_argument(
+        "--own-baselines", action="store_true", help="a row for the true reward; each sweep's ratios to its own"
+    )
     options = parser.parse_args()
     change, baseline = finals(options.sweep, options.env), finals(options.against, options.env)
     true_mean = np.mean(list(change["true"].values()))
@@ -54,7 +56,9 @@ def main():
     print(f"{options.env}: {options.sweep} against {options.against}, final true returns of the finished runs")
     print(f"ratios to the true-reward runs of {options.sweep} ({len(change['true'])} seeds, mean {true_mean:.0f})")
     if options.own_baselines:
-        print(f"baseline ratios to the true-reward runs of {options.against} ({len(baseline['true'])} seeds, mean {baseline_true_mean:.0f})")
+        print(
+            f"baseline ratios to the true-reward runs of {options.against} ({len(baseline['true'])} seeds, mean {baseline_true_mean:.0f})"
+        )
     print(
         "| mode | seeds, change | change, mean ± std | seeds, baseline | baseline, mean ± std | difference ± SE | ratio, change / baseline |"
     )

@@ -23,7 +23,7 @@ TIMERS = [
     ("        # flatten the batch\n", "        phase_start.append(time.perf_counter())\n"),
     (
         "        y_pred, y_true = b_values",
-        "        phase_start.append(time.perf_counter())\n" "        phase_seconds.append(np.diff(phase_start))\n",
+        "        phase_start.append(time.perf_counter())\n        phase_seconds.append(np.diff(phase_start))\n",
     ),
     ("    for iteration in range(start_iteration", "    phase_seconds = []\n"),
     (
