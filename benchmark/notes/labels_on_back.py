@@ -4,8 +4,8 @@ the ensemble's disagreement, not a uniform one). For each run folder
 this prints, per block of labels, the share of the labelled steps with the torso upside down (cos of the torso pitch
 below 0: HalfCheetah's pitch, observation 1, is a hinge angle that can wind past a full turn), their mean forward
 velocity (observation 8), and the step at which the block's first label had arrived (from the run's run.log: its
-progress lines, every 2048 steps, count the labels so far; "by" the first line for the labels asked of clips of the
-untrained initial policy before RL).
+progress lines, every 2048 steps, count the labels so far; "by" the first line, at 12k steps, for a block whose
+first label had arrived by then: the labels asked of the untrained initial policy's clips before RL, and RL's first).
 
 Usage (from the repository root):
   python benchmark/notes/labels_on_back.py benchmark/sweeps/SWEEP/HalfCheetah-v4__labels1400__* [--blocks 8]
@@ -46,7 +46,7 @@ def main():
             arrived = progress[progress[:, 1] > block[0]]
             if not len(arrived):
                 step = "?"
-            else:  # labels asked before RL (clips of the initial policy) arrived by the first progress line
+            else:  # a label that had arrived by the first progress line: asked before RL, or in its first steps
                 step = f"{'by ' if arrived[0, 0] == progress[0, 0] else ''}{arrived[0, 0] // 1000}k"
             share, speed = on_back[block].sum() / mask[block].sum(), velocity[block].sum() / mask[block].sum()
             cells.append(f"{share:.2f}, {speed:+.1f} m/s, {step}")
