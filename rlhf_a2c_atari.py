@@ -554,7 +554,7 @@ def preference_loss(returns_left, returns_right, mu, label_noise=0.1):
     space: with --label-noise 0 a sure model's sigmoid rounds to 1, and log(1 - 1) made the loss and its gradient NaN."""
     margin = returns_left - returns_right
     log_sure = math.log1p(-label_noise)
-    log_random = torch.tensor(label_noise / 2, dtype=margin.dtype).log()  # -inf without label noise
+    log_random = torch.tensor(label_noise / 2, dtype=margin.dtype, device=margin.device).log()  # -inf without noise
     log_p_left = torch.logaddexp(log_sure + nn.functional.logsigmoid(margin), log_random)
     log_p_right = torch.logaddexp(log_sure + nn.functional.logsigmoid(-margin), log_random)
     return -(mu * log_p_left + (1 - mu) * log_p_right)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 torch.set_num_threads(1)
 
@@ -139,6 +141,32 @@ def test_a_sure_model_without_label_noise_keeps_a_finite_loss_and_gradient_in_fl
         expected = -(mu * np.log(p_left) + (1 - mu) * np.log(p_right))
         np.testing.assert_allclose(loss.detach().numpy(), expected, rtol=1e-5, atol=1e-6)
         assert torch.isfinite(left.grad).all(), (mu, left.grad)
+
+
+class MixedDevices(TorchDispatchMode):
+    """Records each operation whose tensor arguments lie on more than one device (a GPU refuses most of them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.operations = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        devices = {x.device.type for x in tree_leaves((args, kwargs or {})) if isinstance(x, torch.Tensor)}
+        if len(devices) > 1:
+            self.operations.append((str(func), sorted(devices)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("script", ["rlhf_ppo_mujoco", "rlhf_a2c_atari", "rlhf_moving_dot"])
+def test_the_preference_loss_computes_on_the_device_of_the_returns(script):
+    # on a GPU, the label noise's term was a CPU tensor that torch.logaddexp refused: rlhf_a2c_atari.py (CUDA by
+    # default) stopped at its first step of reward training. Here the returns lie on the "meta" device, which a CPU
+    # machine has too, and every operation is checked for a second device
+    preference_loss = importlib.import_module(script).preference_loss
+    left, right, mu = torch.zeros(4, device="meta"), torch.zeros(4, device="meta"), torch.full((4,), 0.5, device="meta")
+    with MixedDevices() as mixed:
+        loss = preference_loss(left, right, mu, 0.1)
+    assert mixed.operations == [] and loss.device.type == "meta"
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.1])
