@@ -413,7 +413,8 @@ def mode_order(mode):
 
 def write_report(grid, sweep_dir):
     """figure.png (a panel per env: mean true return over seeds, shaded +- one standard deviation, per mode) and
-    table.md (final return per env and mode, its ratio to the true-reward runs with its standard error, C17's claim).
+    table.md (final return per env and mode, its ratio to the true-reward runs with its standard error, C17's claim
+    and, where it is not met, by how many standard errors).
     A mode with finished runs is drawn and judged on those alone; one with none yet on its runs so far, cut to the
     steps all reached, and a budget is judged only once it and the true reward both have finished runs."""
     found = curves(grid, sweep_dir)
@@ -459,6 +460,8 @@ def write_report(grid, sweep_dir):
             # runs under way, or true-reward runs under way, are shown, not judged
             judged = claim is not None and ratio is not None and finished and true_finished
             verdict = f"{claim:.2f}: {'met' if ratio >= claim else 'not met'}" if judged else ""
+            if judged and ratio < claim and error:  # how far short, in the ratio's standard errors over the seeds
+                verdict += f", {(claim - ratio) / error:.1f} standard errors short"
             table.append(
                 f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {planned[env, mode]} ({len(finished)}) | "
                 f"{fmt(final.mean())} ± {fmt(final.std())} | {shown_ratio} | "
@@ -479,7 +482,8 @@ def write_report(grid, sweep_dir):
     table += [
         "",
         "± after a ratio: its standard error over the seeds (each mode's sample std over the square root of its seeds,"
-        " propagated to the ratio to first order); the claim is judged on the ratio itself.",
+        " propagated to the ratio to first order); the claim is judged on the ratio itself, and a cell not met says how"
+        " many standard errors short of the claim its ratio is (one or two: a few more seeds can change the verdict).",
     ]
     if from_start:
         table += [

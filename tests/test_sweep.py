@@ -613,6 +613,30 @@ def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
     assert "standard error" in table.split("|---|")[-1]  # the note under the table says what the ± is
 
 
+def test_a_cell_short_of_the_claim_says_by_how_many_standard_errors(tmp_path):
+    # a ratio a little under its threshold over a few noisy seeds is not the same finding as one far under it: the
+    # verdict says how far, in the ratio's own standard errors (one seed a mode: no standard error, no distance)
+    grid = write_grid(
+        tmp_path, envs={"Hopper-v4": {}}, feedback=["true", 350, 700], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py"
+    )
+    out = tmp_path / "out"
+    finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (700.0, 800.0, 600.0), "labels700": (500.0,)}
+    for mode, values in finals.items():
+        for seed, value in enumerate(values, 1):
+            write_run_log(out, f"Hopper-v4__{mode}__{seed}", (10.0, value))
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0, result.stderr
+    labelled, true = np.array(finals["labels350"]), np.array(finals["true"])
+    ratio = labelled.mean() / true.mean()
+    error = ratio * np.hypot(*[values.std(ddof=1) / np.sqrt(3) / values.mean() for values in (labelled, true)])
+    short = (0.9 - ratio) / error
+    assert 2 < short < 4  # the numbers above put the cell clearly short
+    table = (out / "table.md").read_text()
+    assert f"| {ratio:.2f} ± {error:.2f} | 0.90: not met, {short:.1f} standard errors short |" in table, table
+    assert "| 500 ± 0.0 | 0.50 | 0.95: not met |" in table, table
+    assert "standard errors short" in table.split("|---|")[-1]  # the note under the table says what the distance is
+
+
 def test_a_ratio_of_negative_returns_takes_its_standard_error_from_the_progress_made(tmp_path):
     # Reacher's returns are negative: the ratio counts from the return the runs began with (start), so must its
     # standard error. Runs that began at -40 and reached -8 +- 2 (labels) against -4 +- 1 (true reward)
