@@ -592,23 +592,34 @@ def test_no_ratio_is_given_where_the_true_reward_runs_ended_below_their_start():
     assert ratio_to_true(900.0, 1000.0, -50.0) == pytest.approx(0.9)
 
 
-def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
-    # with a few seeds a shortfall can be noise: the table says how far the ratio's own spread reaches. Three seeds a
-    # mode; the standard error of a mean is the seeds' sample std over sqrt(3), and a ratio's relative error is the
-    # two means' relative errors added in quadrature (first-order propagation)
-    grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=["true", 350], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
+def report_of_finals(tmp_path, finals):
+    """The table of a Hopper-v4 grid whose runs (a mode's seeds 1, 2, ...) ended at these true returns."""
+    feedback = ["true"] + [int(mode[len("labels") :]) for mode in finals if mode != "true"]
+    grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=feedback, seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
     out = tmp_path / "out"
-    finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (800.0, 1000.0, 900.0)}
     for mode, values in finals.items():
         for seed, value in enumerate(values, 1):
             write_run_log(out, f"Hopper-v4__{mode}__{seed}", (10.0, value))
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
-    labelled, true = np.array(finals["labels350"]), np.array(finals["true"])
+    return (out / "table.md").read_text()
+
+
+def ratio_and_standard_error(labelled, true):
+    """The mean ratio and its standard error: each mean's standard error is the seeds' sample std over the square root
+    of their number, and the ratio's relative error the two means' relative errors added in quadrature."""
+    labelled, true = np.array(labelled), np.array(true)
     ratio = labelled.mean() / true.mean()
     relative = [values.std(ddof=1) / np.sqrt(len(values)) / values.mean() for values in (labelled, true)]
-    error = ratio * np.hypot(*relative)
-    table = (out / "table.md").read_text()
+    return ratio, ratio * np.hypot(*relative)
+
+
+def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
+    # with a few seeds a shortfall can be noise: the table says how far the ratio's own spread reaches (three seeds a
+    # mode, first-order propagation)
+    finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (800.0, 1000.0, 900.0)}
+    table = report_of_finals(tmp_path, finals)
+    ratio, error = ratio_and_standard_error(finals["labels350"], finals["true"])
     assert f"| 350 labels | 3 (3) | 900 ± 81.6 | {ratio:.2f} ± {error:.2f} | 0.90: met |" in table, table
     assert "standard error" in table.split("|---|")[-1]  # the note under the table says what the ± is
 
@@ -616,22 +627,11 @@ def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
 def test_a_cell_short_of_the_claim_says_by_how_many_standard_errors(tmp_path):
     # a ratio a little under its threshold over a few noisy seeds is not the same finding as one far under it: the
     # verdict says how far, in the ratio's own standard errors (one seed a mode: no standard error, no distance)
-    grid = write_grid(
-        tmp_path, envs={"Hopper-v4": {}}, feedback=["true", 350, 700], seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py"
-    )
-    out = tmp_path / "out"
     finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (700.0, 800.0, 600.0), "labels700": (500.0,)}
-    for mode, values in finals.items():
-        for seed, value in enumerate(values, 1):
-            write_run_log(out, f"Hopper-v4__{mode}__{seed}", (10.0, value))
-    result = sweep("report", grid, "--out", out)
-    assert result.returncode == 0, result.stderr
-    labelled, true = np.array(finals["labels350"]), np.array(finals["true"])
-    ratio = labelled.mean() / true.mean()
-    error = ratio * np.hypot(*[values.std(ddof=1) / np.sqrt(3) / values.mean() for values in (labelled, true)])
+    table = report_of_finals(tmp_path, finals)
+    ratio, error = ratio_and_standard_error(finals["labels350"], finals["true"])
     short = (0.9 - ratio) / error
     assert 2 < short < 4  # the numbers above put the cell clearly short
-    table = (out / "table.md").read_text()
     assert f"| {ratio:.2f} ± {error:.2f} | 0.90: not met, {short:.1f} standard errors short |" in table, table
     assert "| 500 ± 0.0 | 0.50 | 0.95: not met |" in table, table
     assert "standard errors short" in table.split("|---|")[-1]  # the note under the table says what the distance is
