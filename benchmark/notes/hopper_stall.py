@@ -60,8 +60,8 @@ def load_run(run_dir):
 
 
 def play(env, agent, obs_rms, episodes, seed):
-    """Episodes of the agent sampling its actions: per episode (observations, actions, true rewards, x velocities,
-    whether it fell)."""
+    """Episodes of the agent sampling its actions: per episode (observations, the executed (clipped) actions, true
+    rewards, x velocities, whether it fell)."""
     played = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -69,7 +69,8 @@ def play(env, agent, obs_rms, episodes, seed):
         while not done:
             with torch.no_grad():
                 action, _, _, _ = agent.get_action_and_value(torch.as_tensor(ppo.normalize_obs(obs_rms, obs[None])))
-            action = np.clip(action.numpy()[0], env.action_space.low, env.action_space.high)
+            # as executed and as the reward model judges it (ClipAction's own space is unbounded in gymnasium 1.x)
+            action = np.clip(action.numpy()[0], env.unwrapped.action_space.low, env.unwrapped.action_space.high)
             observations.append(obs)
             actions.append(action)
             obs, reward, fell, truncated, info = env.step(action)
