@@ -10,15 +10,22 @@ prints per run:
   the bound on every sample: every sample's advantage is then alike and PPO has no gradient out (a dead zone);
 - with a reward ensemble (labelled runs): the learned step reward, as PPO sees it (normalised), per block.
 
+With --summary, one line per run instead: its step, true return, the mean true reward of the second half, the
+mean's size, std and share at a bound, and the learned reward of steps 0-100, 100-300 and 500-1000 with its slope on
+the true step reward (learned units per unit; the oracle's is 1 / the judged steps' std, see notes/reward_on_judged.py):
+for a run's checkpoint copies over time (notes/checkpoint_copies.sh), when it froze.
+
 Usage (from the repository root):
   python benchmark/notes/action_saturation.py benchmark/sweeps/swimmer_c17_rl/Swimmer-v4__labels1400__5 ... [--block 100]
-Each argument is a sweep run folder (its runs/NAME inside) or a runs/NAME folder itself.
+  python benchmark/notes/action_saturation.py --summary OUT/ckpt_{0..24}.pt
+Each argument is a sweep run folder (its runs/NAME inside), a runs/NAME folder itself, or a checkpoint file.
 """
 
 import argparse
 import glob
 import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -29,8 +36,13 @@ import hopper_stall  # noqa: E402
 import rlhf_ppo_mujoco as ppo  # noqa: E402
 
 
-def run_folder(path):
-    """The runs/NAME folder that holds checkpoint.pt."""
+def run_folder(path, scratch):
+    """The runs/NAME folder that holds checkpoint.pt; a checkpoint file gets a folder of its own in `scratch`."""
+    if os.path.isfile(path):
+        folder = os.path.join(scratch, str(len(os.listdir(scratch))))
+        os.makedirs(folder)
+        os.symlink(os.path.abspath(path), os.path.join(folder, "checkpoint.pt"))
+        return folder
     if os.path.exists(os.path.join(path, "checkpoint.pt")):
         return path
     found = glob.glob(os.path.join(path, "runs", "*", "checkpoint.pt"))
@@ -48,9 +60,11 @@ def main():
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--seed", type=int, default=100)
+    parser.add_argument("--summary", action="store_true", help="one line per run")
     cli = parser.parse_args()
+    scratch = tempfile.mkdtemp()
     for path in cli.runs:
-        _, env, agent, obs_rms, ensemble = hopper_stall.load_run(run_folder(path))
+        checkpoint, env, agent, obs_rms, ensemble = hopper_stall.load_run(run_folder(path, scratch))
         torch.manual_seed(cli.seed)
         ((obs, act, rewards, _, _, _),) = hopper_stall.play(env, agent, obs_rms, 1, cli.seed)
         with torch.no_grad():
@@ -58,14 +72,30 @@ def main():
         std = agent.actor_logstd.exp().detach().numpy().ravel()
         half = len(rewards) // 2
         at_bound = np.isclose(np.abs(act[half:]), env.unwrapped.action_space.high).mean(0)  # act: executed, clipped
+        learned = None
+        if ensemble is not None:
+            learned = ensemble.normalized_reward(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(act)).numpy()
+        if cli.summary:
+            line = (
+                f"{os.path.basename(os.path.normpath(path))} step {checkpoint['global_step']}: true return "
+                f"{rewards.sum():.1f}, second half {rewards[half:].mean() * 1000:.1f} x 1000 | mean's size "
+                f"{np.round(abs(mean[half:]).mean(0), 2)}, std {np.round(std, 2)}, at a bound {np.round(at_bound, 2)}"
+            )
+            if learned is not None:
+                slope = np.polyfit(rewards, learned, 1)[0]
+                line += (
+                    f" | learned 0-100 {learned[:100].mean():+.2f}, 100-300 {learned[100:300].mean():+.2f}, "
+                    f"500-1000 {learned[500:].mean():+.2f}, slope {slope:.1f}"
+                )
+            print(line)
+            continue
         print(f"{os.path.basename(os.path.normpath(path))}: true return {rewards.sum():.1f}")
         print(f"  true reward x 1000 per block of {cli.block}: {blocks(rewards * 1000, cli.block)}")
         print(
             f"  second half, per action: mean {np.round(mean[half:].mean(0), 2)}, mean's size {np.round(abs(mean[half:]).mean(0), 2)}, std {np.round(std, 2)}, "
             f"share at a bound {np.round(at_bound, 2)}"
         )
-        if ensemble is not None:
-            learned = ensemble.normalized_reward(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(act)).numpy()
+        if learned is not None:
             print(f"  learned reward per block: {blocks(learned, cli.block)}")
 
 
