@@ -37,8 +37,9 @@ import rlhf_ppo_mujoco as ppo  # noqa: E402
 
 
 def run_folder(path, scratch):
-    """The runs/NAME folder that holds checkpoint.pt; a checkpoint file gets a folder of its own in `scratch`."""
-    if os.path.isfile(path):
+    """The runs/NAME folder that holds checkpoint.pt; a checkpoint file gets a folder of its own in `scratch` (a
+    folder; None where only run folders are wanted)."""
+    if os.path.isfile(path) and scratch is not None:
         folder = os.path.join(scratch, str(len(os.listdir(scratch))))
         os.makedirs(folder)
         os.symlink(os.path.abspath(path), os.path.join(folder, "checkpoint.pt"))

@@ -16,7 +16,6 @@ Each argument is a sweep run folder (its runs/NAME inside) or a runs/NAME folder
 """
 
 import argparse
-import glob
 import os
 import re
 import sys
@@ -25,17 +24,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rlhf_ppo_mujoco as ppo  # noqa: E402
-
-
-def run_folder(path):
-    """The runs/NAME folder that holds checkpoint.pt and labels.npz."""
-    if os.path.exists(os.path.join(path, "checkpoint.pt")):
-        return path
-    found = glob.glob(os.path.join(path, "runs", "*", "checkpoint.pt"))
-    if len(found) != 1:
-        raise SystemExit(f"error: {path}: expected one runs/*/checkpoint.pt, found {len(found)}")
-    return os.path.dirname(found[0])
+from action_saturation import run_folder  # noqa: E402
 
 
 def final_true_return(path):
@@ -56,7 +47,7 @@ def main():
         "run | final true return | step corr | slope / oracle's | segment corr | labels ordered | judged mean velocity | fast clips"
     )
     for path in cli.runs:
-        folder = run_folder(path)
+        folder = run_folder(path, None)
         checkpoint = ppo.load_checkpoint(folder)
         labels = np.load(os.path.join(folder, "labels.npz"))
         obs, act, mask, true_reward, mu = (labels[k] for k in ("obs", "act", "mask", "true_reward", "mu"))
