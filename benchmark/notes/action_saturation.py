@@ -1,13 +1,12 @@
 """Is a finished rlhf_ppo_mujoco.py agent stuck against its action bounds? Loads saved runs (--save-model), plays an
 episode with each agent as it acts in training (sampled actions, clipped to the bounds by the env wrapper's rule) and
 prints per run:
-- the true reward per block of --block steps (Swimmer-v4 with no control cost: the forward velocity, here in mm/s per
-  step x 1000): a swimmer that lunges at the start and then glides to a stop shows a large first block and blocks
+- the true reward per block of --block steps, times 1000 (Swimmer-v4 with no control cost: the forward velocity in
+  mm/s): a swimmer that lunges at the start and then glides to a stop shows a large first block and blocks
   falling towards 0, a swimming one level blocks;
 - over the second half of the episode, per action dimension: the policy's mean action (before clipping), averaged and
   as its size (|mean|, which a mean that flips sign step by step keeps), its std, and the share of executed actions
-  at a bound. A mean beyond a bound with a std too narrow to reach back inside executes
-  the bound on every sample: every sample's advantage is then alike and PPO has no gradient out (a dead zone);
+  at a bound. A mean beyond a bound with a std too narrow to reach back inside executes the bound on every sample: every sample's advantage is then alike and PPO has no gradient out (a dead zone);
 - with a reward ensemble (labelled runs): the learned step reward, as PPO sees it (normalised), per block.
 
 With --summary, one line per run instead: its step, true return, the mean true reward of the second half, the
@@ -93,8 +92,8 @@ def main():
         print(f"{os.path.basename(os.path.normpath(path))}: true return {rewards.sum():.1f}")
         print(f"  true reward x 1000 per block of {cli.block}: {blocks(rewards * 1000, cli.block)}")
         print(
-            f"  second half, per action: mean {np.round(mean[half:].mean(0), 2)}, mean's size {np.round(abs(mean[half:]).mean(0), 2)}, std {np.round(std, 2)}, "
-            f"share at a bound {np.round(at_bound, 2)}"
+            f"  second half, per action: mean {np.round(mean[half:].mean(0), 2)}, mean's size "
+            f"{np.round(abs(mean[half:]).mean(0), 2)}, std {np.round(std, 2)}, share at a bound {np.round(at_bound, 2)}"
         )
         if learned is not None:
             print(f"  learned reward per block: {blocks(learned, cli.block)}")

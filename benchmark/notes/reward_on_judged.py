@@ -8,7 +8,8 @@ reward), scores every judged step with the ensemble as PPO sees it (normalised),
 - the segment-level correlation (sums over each clip, what the teacher compares) and the share of strict labels the
   ensemble orders as the teacher did (training and validation labels together);
 - what was judged: the mean forward velocity of the judged steps (Swimmer-v4 with no control cost: the true reward is
-  the forward velocity), the share of clips faster than --fast m/s on average, and the run's final true return.
+  the forward velocity), the share of clips faster than --fast m/s on average, and the run's final true return (the last progress line of a sweep run's run.log, as benchmark/plot.py
+  reads it).
 
 Usage (from the repository root):
   python benchmark/notes/reward_on_judged.py benchmark/sweeps/swimmer_c17_rl/Swimmer-v4__labels1400__5 ... [--fast 0.09]
@@ -17,7 +18,6 @@ Each argument is a sweep run folder (its runs/NAME inside) or a runs/NAME folder
 
 import argparse
 import os
-import re
 import sys
 
 import numpy as np
@@ -28,14 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rlhf_ppo_mujoco as ppo  # noqa: E402
 from action_saturation import run_folder  # noqa: E402
 
-
-def final_true_return(path):
-    """The true return of the last progress line of the sweep's run.log, or None."""
-    log = os.path.join(path, "run.log")
-    if not os.path.exists(log):
-        return None
-    returns = re.findall(r"true return (-?[0-9.]+)", open(log).read())
-    return float(returns[-1]) if returns else None
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmark/
+from plot import progress  # noqa: E402
 
 
 def main():
@@ -64,9 +58,10 @@ def main():
         strict = mu != 0.5
         ordered = ((learned_sums[:, 0] > learned_sums[:, 1]) == (mu > 0.5))[strict].mean()
         clip_velocity = true_sums / np.maximum(mask.sum(-1), 1)
-        final = final_true_return(path)
+        log = os.path.join(path, "run.log")  # a sweep run folder's; a runs/NAME folder has none
+        final = f"{progress(log)[1][-1]:.1f}" if os.path.exists(log) else "-"
         print(
-            f"{os.path.basename(os.path.normpath(path))} | {final if final is not None else '-'} | {step_corr:.2f} | "
+            f"{os.path.basename(os.path.normpath(path))} | {final} | {step_corr:.2f} | "
             f"{slope:.2f} / {oracle_slope:.2f} = {slope / oracle_slope:.2f} | {segment_corr:.2f} | {ordered:.2f} | "
             f"{true_steps.mean():.3f} | {(clip_velocity > cli.fast).mean():.2f}"
         )
