@@ -11,6 +11,8 @@ normalises its advantages, so only the direction and the share of the signal cou
 mean(R_H x u_j) and mean(R_H x v_j) per joint, over steps 0-99 (the start-up lunge on Swimmer) and 100-999, with the
 standard error over episodes. Positive push on the mean: outwards; negative push on log sigma: the spread narrows.
 H = 1 is the reward's own pull on the action at that step; larger H add what the action does to later steps.
+On Swimmer two more directions for the mean: with the joint's motion (the sign of its angular velocity: pumping the
+stroke) and with its bend (the sign of its angle: holding the joint bent further).
 
 Usage (from the repository root): python benchmark/notes/policy_push.py CHECKPOINT_OR_RUN ... [--episodes 16]
 (each argument as for notes/action_saturation.py: a sweep run folder, a runs/NAME folder or a checkpoint file).
