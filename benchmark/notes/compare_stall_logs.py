@@ -37,7 +37,7 @@ def main():
     moves = []
     for name in sorted(new):
         if name not in old or new[name]["fit"] is None or old[name]["fit"] is None:
-            print(f"| {name} | not in both logs with a fit |")
+            print(f"| {name} | not in both logs with a fit | | | | | | |")
             continue
         (r2_new, ab_new, corr_new), (r2_old, ab_old, corr_old) = new[name]["fit"], old[name]["fit"]
         same = new[name]["episodes"] == old[name]["episodes"]
@@ -46,9 +46,9 @@ def main():
     if moves:
         moves = list(zip(*moves))
         print(
-            f"{len(moves[0])} runs: a / b moved {min(moves[0]):+.2f} to {max(moves[0]):+.2f}, R^2 {min(moves[1]):+.2f} to "
-            f"{max(moves[1]):+.2f}, correlation {min(moves[2]):+.2f} to {max(moves[2]):+.2f}; episodes identical in "
-            f"{sum(moves[3])}"
+            f"{len(moves[0])} runs: a / b moved {min(moves[0]):+.2f} to {max(moves[0]):+.2f} (up in "
+            f"{sum(m > 0 for m in moves[0])}), R^2 {min(moves[1]):+.2f} to {max(moves[1]):+.2f}, correlation "
+            f"{min(moves[2]):+.2f} to {max(moves[2]):+.2f}; episodes identical in {sum(moves[3])}"
         )
 
 
