@@ -5,9 +5,10 @@ on the same episodes of the policy acting as in training (sampled actions).
 The policy gradient of a Gaussian policy is E[advantage x score]. For the mean of action entry j the score is
 (a_j - mu_j) / sigma_j^2; taken along sign(mu_j) (outwards, away from 0 towards the nearer bound) and in units of
 sigma_j it is u_j = sign(mu_j) (a_j - mu_j) / sigma_j. For log sigma_j it is v_j = ((a_j - mu_j) / sigma_j)^2 - 1.
-With a reward's return over the next H steps R_H(t), minus its mean over the episodes at the same step t (a baseline
-that leaves the estimate unbiased, since the score has mean 0 at every state), and divided by its std (PPO
-normalises its advantages, so only the direction and the share of the signal count), the tool prints
+With a reward's return over the next H steps R_H(t), minus its mean over the episodes at the same step t (a baseline;
+it includes the episode's own return, which scales every estimate by (episodes - 1) / episodes and leaves its
+direction as it is), and divided by its std (PPO normalises its advantages, so only the direction and the share of
+the signal count), the tool prints
 mean(R_H x u_j) and mean(R_H x v_j) per joint, over steps 0-99 (the start-up lunge on Swimmer) and 100-999, with the
 standard error over episodes. Positive push on the mean: outwards; negative push on log sigma: the spread narrows.
 H = 1 is the reward's own pull on the action at that step; larger H add what the action does to later steps.
@@ -92,7 +93,8 @@ def main():
         std = np.exp(agent.actor_logstd.detach().numpy()[0])
         standardised = (played["sampled"] - played["mean"]) / std
         scores = {"mean outwards": np.sign(played["mean"]) * standardised}
-        if checkpoint["args"]["env"].startswith("Swimmer"):  # obs: body angle, 2 joint angles, 5 velocities, 2 of joints
+        # Swimmer's observation: the body's and 2 joints' angles, then the x, y, body and 2 joints' velocities
+        if checkpoint["args"]["env"].startswith("Swimmer"):
             scores["mean with the joint's motion"] = np.sign(played["obs"][..., 6:8]) * standardised
             scores["mean with the joint's bend"] = np.sign(played["obs"][..., 1:3]) * standardised
         scores["log std"] = standardised**2 - 1
