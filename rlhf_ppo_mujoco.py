@@ -133,6 +133,9 @@ class Args:
     """number of reward predictors in the ensemble (C17: 3)"""
     reward_lr: float = 3e-4
     """learning rate of the reward model (Adam)"""
+    reward_dropout: float = 0.0
+    """dropout on the reward model's hidden units while it trains (C17 2.2.3: "in some domains"; rl-teacher's MuJoCo
+    model: 0.5); its predictions use none"""
     reward_input_norm: bool = True
     """standardise the reward model's inputs by the pretraining labels' observations (C17 does not say; rl-teacher feeds them raw)"""
     reward_batch_size: int = 64
@@ -276,6 +279,8 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
     if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:
         raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
+    if not 0 <= args.reward_dropout < 1:
+        raise SystemExit("error: --reward-dropout must be in [0, 1)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # each queried pair needs two segments of its own from one rollout
@@ -467,7 +472,7 @@ class RewardEnsemble(nn.Module):
     so the learned reward, like the true one of C17's fixed-length episodes, decides whether falling is good or bad.
     """
 
-    def __init__(self, obs_dim, act_dim, size=3, hidden=64):
+    def __init__(self, obs_dim, act_dim, size=3, hidden=64, dropout=0.0):
         super().__init__()
         sizes = [obs_dim + act_dim, hidden, hidden, 1]
         self.weights = nn.ParameterList()
@@ -488,6 +493,8 @@ class RewardEnsemble(nn.Module):
         self.register_buffer("ensemble_mean", torch.zeros(()))
         self.register_buffer("ensemble_std", torch.ones(()))
         self.size = size
+        self.dropout = dropout  # of the hidden units in training mode (reward_gradient_step), from dropout_generator
+        self.dropout_generator = None  # None: the global one
 
     def forward(self, obs, act):
         """Raw reward of each member: (..., obs_dim), (..., act_dim) -> (size, ...)."""
@@ -499,6 +506,9 @@ class RewardEnsemble(nn.Module):
             x = torch.baddbmm(b, x, w)
             if i < len(self.weights) - 1:
                 x = nn.functional.leaky_relu(x, 0.01)
+                if self.training and self.dropout > 0:
+                    kept = torch.empty_like(x).bernoulli_(1 - self.dropout, generator=self.dropout_generator)
+                    x = x * kept / (1 - self.dropout)
         return x.reshape(self.size, *lead)
 
     def segment_returns(self, segments):
@@ -846,9 +856,12 @@ def sample_minibatches(buffer, steps, batch_size, rng):
 
 
 def reward_gradient_step(ensemble, optimizer, minibatch, l2_coef, label_noise):
-    """One Adam step on a minibatch of labels; each member's loss uses its own bootstrap weights."""
+    """One Adam step on a minibatch of labels; each member's loss uses its own bootstrap weights. Dropout
+    (--reward-dropout) is on for this step only."""
     left, right, batch = minibatch
+    ensemble.train()
     losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
+    ensemble.eval()
     weight = batch["weight"].T  # (members, batch)
     member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
     loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
@@ -912,9 +925,13 @@ class RewardModelTraining:
     one round behind. Runs stay reproducible: minibatches are drawn in the main thread, and the thread never reads the
     buffer, which the teacher's answers write to."""
 
-    def __init__(self, ensemble, learning_rate):
+    def __init__(self, ensemble, learning_rate, seed=0):
         self.ensemble = ensemble
         self.training_ensemble = copy.deepcopy(ensemble)
+        # dropout's masks from a random stream of their own: the thread would draw from the global one in an order
+        # that changes from run to run (PPO samples its actions from it); seeded apart from it
+        dropout_seed = int(np.random.SeedSequence(seed).spawn(1)[0].generate_state(1, np.uint64)[0])
+        self.training_ensemble.dropout_generator = torch.Generator().manual_seed(dropout_seed)
         self.optimizer = optim.Adam(self.training_ensemble.parameters(), lr=learning_rate)
         self.l2_coef = torch.full((ensemble.size,), 1e-4)
         self.rounds = 0  # training rounds so far; every --reward-eval-every-th is followed by a validation pass
@@ -978,6 +995,7 @@ class RewardModelTraining:
         return {
             "reward_ensemble": self.training_ensemble.state_dict(),
             "reward_optimizer": self.optimizer.state_dict(),
+            "reward_dropout_generator": self.training_ensemble.dropout_generator.get_state(),
             "l2_coef": self.l2_coef,
             "fits": self.rounds,
             "reward_model_figures": (self.train_loss, self.val_loss, self.val_accuracy),
@@ -988,6 +1006,8 @@ class RewardModelTraining:
         self.training_ensemble.load_state_dict(weights)
         self.ensemble.load_state_dict(weights)
         self.optimizer.load_state_dict(state["reward_optimizer"])
+        if "reward_dropout_generator" in state:  # older checkpoints trained without dropout
+            self.training_ensemble.dropout_generator.set_state(state["reward_dropout_generator"])
         self.l2_coef = state["l2_coef"]
         if "fits" in state:  # checkpoints from before exact resumption have no counters
             self.rounds, (self.train_loss, self.val_loss, self.val_accuracy) = state["fits"], state["reward_model_figures"]
@@ -1599,8 +1619,8 @@ if __name__ == "__main__":
     labels_path = f"{run_dir}/labels.npz"
     ensemble = reward_training = buffer = teacher = None
     if rlhf:
-        ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size)
-        reward_training = RewardModelTraining(ensemble, args.reward_lr)
+        ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size, dropout=args.reward_dropout).eval()
+        reward_training = RewardModelTraining(ensemble, args.reward_lr, args.seed)
         buffer = LabelBuffer(args.labels, args.segment_len, obs_dim, act_dim, args.ensemble_size, rng)
         teacher = make_teacher(args, run_dir, rng, env_kwargs)
 

@@ -260,6 +260,7 @@ BAD_NUMBERS = [
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--schedule-horizon nan", "--schedule-horizon must be a positive number of steps"),
     ("--teacher-beta 0", "--teacher-beta must be positive"),
+    ("--reward-dropout 1", "--reward-dropout must be in [0, 1)"),
     ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
     ("--reward-std -1", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
     ("--reward-updates 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),

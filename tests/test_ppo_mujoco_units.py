@@ -202,6 +202,40 @@ def test_ensemble_members_are_independent_mlps_over_any_leading_dims(rng):
                 assert not torch.equal(w[i], w[j])
 
 
+def test_dropout_scales_each_hidden_unit_by_zero_or_its_inverse_keep_rate_in_training_mode_only(rng):
+    p = 0.5
+    ensemble = rl.RewardEnsemble(3, 2, size=3, dropout=p)
+    ensemble.dropout_generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a second layer that copies the first's units and an output that reads unit 0 of it
+        ensemble.weights[1].copy_(torch.eye(64).expand(3, 64, 64)), ensemble.biases[1].zero_()
+        ensemble.weights[2].zero_(), ensemble.weights[2][:, 0].fill_(1.0), ensemble.biases[2].zero_()
+        obs, act = random_steps(rng, 20000, 3, 2)
+        predicted = ensemble.eval()(obs, act)
+        for k in range(3):  # predictions: no dropout
+            torch.testing.assert_close(predicted[k], member_reward(ensemble, k, obs, act), rtol=1e-5, atol=1e-5)
+        trained_on = ensemble.train()(obs, act)
+    # leaky ReLU is positively homogeneous: unit 0 kept by both layers' masks (1 - p)^2 of the time, then scaled by
+    # 1 / (1 - p) twice, so the output is its prediction's 0 or 4 times, on average the prediction
+    ratio = (trained_on / predicted).flatten()
+    assert set(ratio.round(decimals=4).unique().tolist()) == {0.0, 1 / (1 - p) ** 2}
+    assert (ratio > 0).float().mean().item() == pytest.approx((1 - p) ** 2, abs=0.01)
+    assert ratio.mean().item() == pytest.approx(1.0, abs=0.03)
+
+
+def test_a_gradient_step_trains_with_dropout_and_leaves_the_model_predicting_without(rng):
+    minibatch = fill_buffer(rng, 64).get()
+    stepped = []
+    for dropout, seed in [(0.5, 1), (0.5, 1), (0.5, 2), (0.0, 1)]:
+        torch.manual_seed(0)  # the same initial weights each time
+        ensemble = rl.RewardEnsemble(3, 1, size=3, dropout=dropout).eval()
+        ensemble.dropout_generator = torch.Generator().manual_seed(seed)
+        rl.reward_gradient_step(ensemble, torch.optim.Adam(ensemble.parameters(), 1e-3), minibatch, torch.zeros(3), 0.1)
+        assert not ensemble.training
+        stepped.append(torch.cat([w.detach().flatten() for w in ensemble.weights]))
+    assert torch.equal(stepped[0], stepped[1])  # the masks come from the ensemble's generator
+    assert not torch.equal(stepped[0], stepped[2]) and not torch.equal(stepped[0], stepped[3])
+
+
 def test_segment_returns_add_the_absorbing_reward_for_each_step_after_a_termination(rng):
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     set_absorbing(ensemble, [-1.5, 0.25, 3.0])
@@ -343,9 +377,10 @@ def test_validation_changes_nothing_and_the_normalisation_is_refit_only_when_ask
     assert abs(reward.mean()) < 1e-4 and reward.std() == pytest.approx(0.5, rel=1e-2)
 
 
-def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_it_only_when_it_is_done(rng):
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_it_only_when_it_is_done(rng, dropout):
     args = rl.Args(reward_updates=5, reward_eval_every=2, reward_batch_size=32)
-    threaded, in_line = (rl.RewardModelTraining(rl.RewardEnsemble(3, 1, size=3), 1e-3) for _ in range(2))
+    threaded, in_line = (rl.RewardModelTraining(rl.RewardEnsemble(3, 1, 3, dropout=dropout).eval(), 1e-3) for _ in range(2))
     in_line.ensemble.load_state_dict(threaded.ensemble.state_dict())
     in_line.training_ensemble.load_state_dict(threaded.training_ensemble.state_dict())
     buffer = fill_buffer(rng, 100, terminations=True)
