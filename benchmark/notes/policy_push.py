@@ -83,6 +83,13 @@ def main():
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--lunge", type=int, default=100, help="steps of the first phase")
+    parser.add_argument(
+        "--spread-weights",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also the push of the learned reward plus each weight times the members' spread (0: the spread alone)",
+    )
     cli = parser.parse_args()
     scratch = tempfile.mkdtemp()
     horizons = ((1, 1.0), (2, 1.0), (5, 1.0), (10, 1.0), (100, 1.0), (1000, 0.995))
@@ -102,6 +109,17 @@ def main():
         if ensemble is not None:
             obs, executed = torch.as_tensor(played["obs"]), torch.as_tensor(played["executed"])
             rewards["learned"] = ensemble.normalized_reward(obs, executed).numpy()
+            if cli.spread_weights:  # the members' spread, in the normalised reward's units, added with each weight
+                with torch.no_grad():
+                    raw = ensemble(obs, executed)
+                shape = (ensemble.size,) + (1,) * (raw.dim() - 1)
+                members = (raw - ensemble.member_mean.view(shape)) / ensemble.member_std.view(shape)
+                spread = (members.std(0) / ensemble.ensemble_std).numpy()
+                print(f"members' spread: mean {spread.mean():.3f}, std over steps {spread.std():.3f}")
+                for weight in cli.spread_weights:
+                    rewards[f"learned {weight:+g} x spread" if weight != 0 else "spread"] = (
+                        rewards["learned"] + weight * spread if weight != 0 else spread
+                    )
         steps = played["true"].shape[1]
         phases = {f"0-{cli.lunge - 1}": slice(0, cli.lunge), f"{cli.lunge}-{steps - 1}": slice(cli.lunge, steps)}
         print(
