@@ -115,7 +115,7 @@ def main():
                 shape = (ensemble.size,) + (1,) * (raw.dim() - 1)
                 members = (raw - ensemble.member_mean.view(shape)) / ensemble.member_std.view(shape)
                 spread = (members.std(0) / ensemble.ensemble_std).numpy()
-                print(f"members' spread: mean {spread.mean():.3f}, std over steps {spread.std():.3f}")
+                spread_line = f"members' spread: mean {spread.mean():.3f}, std over steps {spread.std():.3f}"
                 for weight in cli.spread_weights:
                     rewards[f"learned {weight:+g} x spread" if weight != 0 else "spread"] = (
                         rewards["learned"] + weight * spread if weight != 0 else spread
@@ -127,6 +127,8 @@ def main():
             f"return {played['true'].sum(1).mean():.1f}, std {np.round(std, 2)}, mean's size over steps "
             f"{cli.lunge}+ {np.round(np.abs(played['mean'][:, cli.lunge :]).mean((0, 1)), 2)}"
         )
+        if cli.spread_weights and ensemble is not None:
+            print(spread_line)
         print("| reward | H (gamma) | steps | " + " | ".join(f"push on the {name}" for name in scores) + " |")
         print("|---|---|---|" + "---|" * len(scores))
         for name, reward in rewards.items():
