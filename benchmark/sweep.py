@@ -407,6 +407,11 @@ def ratio_standard_error(ratio, finals, true_finals, start):
     return abs(ratio) * float(np.hypot(*relative))
 
 
+def seeds_std(returns):
+    """The sample std over seeds (axis 0; 0 for a single seed): the spread the table and the figure show."""
+    return returns.std(0, ddof=1) if len(returns) > 1 else np.zeros_like(returns[0])
+
+
 def mode_order(mode):
     return -1 if mode == "true" else int(mode[len("labels") :])
 
@@ -446,7 +451,7 @@ def write_report(grid, sweep_dir):
             # the finished seeds where there are any: cut to a stopped run's last step, they would read as early returns
             finished = [(steps, returns) for steps, returns, done in found[env][mode] if done]
             steps, returns = on_common_steps(finished or [(steps, returns) for steps, returns, _ in found[env][mode]])
-            mean, std = returns.mean(0), returns.std(0)
+            mean, std = returns.mean(0), seeds_std(returns)
             label = "true reward" if mode == "true" else f"{mode[len('labels') :]} labels"
             axis.plot(steps, mean, label=label, color=colors[mode])
             axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colors[mode])
@@ -464,7 +469,7 @@ def write_report(grid, sweep_dir):
                 verdict += f", {(claim - ratio) / error:.1f} standard errors short"
             table.append(
                 f"| {env} | {steps_of.get(env, 'default')} (at {steps[-1]}) | {label} | {planned[env, mode]} ({len(finished)}) | "
-                f"{fmt(final.mean())} ± {fmt(final.std())} | {shown_ratio} | "
+                f"{fmt(final.mean())} ± {fmt(seeds_std(final))} | {shown_ratio} | "
                 f"{verdict} |"
             )
         if true_final is not None and true_final <= 0:
@@ -481,7 +486,8 @@ def write_report(grid, sweep_dir):
     plt.close(figure)
     table += [
         "",
-        "± after a ratio: its standard error over the seeds (each mode's sample std over the square root of its seeds,"
+        "± after a mean: the seeds' sample std (the figure's band too). ± after a ratio: its standard error over the"
+        " seeds (each mode's sample std over the square root of its seeds,"
         " propagated to the ratio to first order); the claim is judged on the ratio itself, and a cell not met says how"
         " many standard errors short of the claim its ratio is (one or two: a few more seeds can change the verdict).",
     ]

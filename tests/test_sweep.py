@@ -620,8 +620,10 @@ def test_the_table_gives_each_ratio_its_standard_error_over_seeds(tmp_path):
     finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (800.0, 1000.0, 900.0)}
     table = report_of_finals(tmp_path, finals)
     ratio, error = ratio_and_standard_error(finals["labels350"], finals["true"])
-    assert f"| 350 labels | 3 (3) | 900 ± 81.6 | {ratio:.2f} ± {error:.2f} | 0.90: met |" in table, table
+    # the ± after the mean: the seeds' sample std (800, 1000, 900: 100), as the ratio's error and final_returns.py use
+    assert f"| 350 labels | 3 (3) | 900 ± 100 | {ratio:.2f} ± {error:.2f} | 0.90: met |" in table, table
     assert "standard error" in table.split("|---|")[-1]  # the note under the table says what the ± is
+    assert "sample std" in table.split("|---|")[-1]
 
 
 def test_a_cell_short_of_the_claim_says_by_how_many_standard_errors(tmp_path):
