@@ -495,6 +495,7 @@ class RewardEnsemble(nn.Module):
         self.size = size
         self.dropout = dropout  # of the hidden units in training mode (reward_gradient_step), from dropout_generator
         self.dropout_generator = None  # None: the global one
+        self.eval()  # predicting: training mode is for the gradient steps only
 
     def forward(self, obs, act):
         """Raw reward of each member: (..., obs_dim), (..., act_dim) -> (size, ...)."""
@@ -860,8 +861,10 @@ def reward_gradient_step(ensemble, optimizer, minibatch, l2_coef, label_noise):
     (--reward-dropout) is on for this step only."""
     left, right, batch = minibatch
     ensemble.train()
-    losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
-    ensemble.eval()
+    try:
+        losses = preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], label_noise)
+    finally:
+        ensemble.eval()
     weight = batch["weight"].T  # (members, batch)
     member_loss = (losses * weight).sum(1) / weight.sum(1).clamp(min=1.0)
     loss = (member_loss + l2_coef * ensemble.l2_penalty()).sum()
@@ -943,6 +946,7 @@ class RewardModelTraining:
     def train(self, buffer, rounds, steps_per_round, args, rng, validate_at_end=False):
         """`rounds` rounds of `steps_per_round` Adam steps here and now (pretraining), each --reward-eval-every-th
         (and the last, with `validate_at_end`) followed by a validation pass; then `ensemble` takes the weights."""
+        self.finish_round()  # never two rounds at once: they would share the weights and the dropout generator
         for round_in_call in range(1, rounds + 1):
             self.rounds += 1
             validate = self.rounds % args.reward_eval_every == 0 or (validate_at_end and round_in_call == rounds)
@@ -1473,7 +1477,7 @@ def restore_environment_states(envs, states):
 
 def random_states(rng):
     """Every random stream the run draws from: segments, teacher and bootstrap (rng), PPO's minibatches (np.random),
-    the policy's actions (torch)."""
+    the policy's actions (torch); the reward model's dropout stream is saved with it (RewardModelTraining.state_dict)."""
     return {
         "rng": rng.bit_generator.state,
         "np.random": np.random.get_state(),
@@ -1619,7 +1623,7 @@ if __name__ == "__main__":
     labels_path = f"{run_dir}/labels.npz"
     ensemble = reward_training = buffer = teacher = None
     if rlhf:
-        ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size, dropout=args.reward_dropout).eval()
+        ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size, dropout=args.reward_dropout)
         reward_training = RewardModelTraining(ensemble, args.reward_lr, args.seed)
         buffer = LabelBuffer(args.labels, args.segment_len, obs_dim, act_dim, args.ensemble_size, rng)
         teacher = make_teacher(args, run_dir, rng, env_kwargs)

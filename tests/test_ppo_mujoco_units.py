@@ -222,12 +222,23 @@ def test_dropout_scales_each_hidden_unit_by_zero_or_its_inverse_keep_rate_in_tra
     assert ratio.mean().item() == pytest.approx(1.0, abs=0.03)
 
 
+def test_a_new_ensemble_and_both_copies_of_the_reward_training_predict_without_dropout(rng):
+    # PPO's reward and the pairs' disagreement come from these: dropout there would be noise from the global generator
+    obs, act = random_steps(rng, 50)
+    ensemble = rl.RewardEnsemble(3, 1, size=3, dropout=0.5)
+    training = rl.RewardModelTraining(ensemble, 1e-3)
+    for model in (ensemble, training.ensemble, training.training_ensemble):
+        assert not model.training
+        torch.testing.assert_close(model.normalized_reward(obs, act), model.normalized_reward(obs, act), rtol=0, atol=0)
+    training.close()
+
+
 def test_a_gradient_step_trains_with_dropout_and_leaves_the_model_predicting_without(rng):
     minibatch = fill_buffer(rng, 64).get()
     stepped = []
     for dropout, seed in [(0.5, 1), (0.5, 1), (0.5, 2), (0.0, 1)]:
         torch.manual_seed(0)  # the same initial weights each time
-        ensemble = rl.RewardEnsemble(3, 1, size=3, dropout=dropout).eval()
+        ensemble = rl.RewardEnsemble(3, 1, size=3, dropout=dropout)
         ensemble.dropout_generator = torch.Generator().manual_seed(seed)
         rl.reward_gradient_step(ensemble, torch.optim.Adam(ensemble.parameters(), 1e-3), minibatch, torch.zeros(3), 0.1)
         assert not ensemble.training
@@ -380,7 +391,7 @@ def test_validation_changes_nothing_and_the_normalisation_is_refit_only_when_ask
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
 def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_it_only_when_it_is_done(rng, dropout):
     args = rl.Args(reward_updates=5, reward_eval_every=2, reward_batch_size=32)
-    threaded, in_line = (rl.RewardModelTraining(rl.RewardEnsemble(3, 1, 3, dropout=dropout).eval(), 1e-3) for _ in range(2))
+    threaded, in_line = (rl.RewardModelTraining(rl.RewardEnsemble(3, 1, 3, dropout=dropout), 1e-3) for _ in range(2))
     in_line.ensemble.load_state_dict(threaded.ensemble.state_dict())
     in_line.training_ensemble.load_state_dict(threaded.training_ensemble.state_dict())
     buffer = fill_buffer(rng, 100, terminations=True)
