@@ -245,6 +245,10 @@ def test_a_gradient_step_trains_with_dropout_and_leaves_the_model_predicting_wit
         stepped.append(torch.cat([w.detach().flatten() for w in ensemble.weights]))
     assert torch.equal(stepped[0], stepped[1])  # the masks come from the ensemble's generator
     assert not torch.equal(stepped[0], stepped[2]) and not torch.equal(stepped[0], stepped[3])
+    failing = rl.RewardEnsemble(3, 1, size=3, dropout=0.5)
+    with pytest.raises(TypeError):  # a step that fails (here: no label noise given) still leaves the model predicting
+        rl.reward_gradient_step(failing, torch.optim.Adam(failing.parameters()), minibatch, torch.zeros(3), None)
+    assert not failing.training
 
 
 def test_segment_returns_add_the_absorbing_reward_for_each_step_after_a_termination(rng):
@@ -417,6 +421,22 @@ def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_
     finally:
         gate.set()  # a failed assertion must not leave the thread held (close waits for it)
         threaded.close()
+
+
+def test_training_in_the_main_thread_waits_for_the_round_under_way(rng):
+    # two rounds at once would step the same weights, optimizer and dropout generator from two threads
+    args = rl.Args(reward_updates=3, reward_eval_every=100, reward_batch_size=16)
+    training = rl.RewardModelTraining(rl.RewardEnsemble(3, 1, 3, dropout=0.5), 1e-3)
+    buffer, gate = fill_buffer(rng, 40), threading.Event()
+    try:
+        training.thread.submit(gate.wait)  # hold the thread: the round queues behind this
+        training.start_round(buffer, args, rng)
+        threading.Timer(0.2, gate.set).start()
+        training.train(buffer, 1, 3, args, rng)
+        assert training.job is None and training.rounds == 2  # the threaded round ended (and was taken) first
+    finally:
+        gate.set()
+        training.close()
 
 
 def test_closing_the_reward_training_raises_the_last_rounds_error_and_stops_the_thread(rng):
