@@ -98,6 +98,9 @@ class Args:
     """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
     ent_coef: float = 0.0
     """coefficient of the entropy"""
+    ent_coef_final: Optional[float] = None
+    """if set, the entropy coefficient falls linearly from --ent-coef to this value over the run, as --anneal-lr
+    lowers the learning rate (C17 keeps the bonus constant; unset: constant)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
@@ -254,6 +257,8 @@ def validate_args(args: Args) -> None:
         check_rendering(args.env, env_kwargs)
     if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
+    if not all(math.isfinite(coef) for coef in (args.ent_coef, args.ent_coef_final or 0.0)):
+        raise SystemExit("error: --ent-coef and --ent-coef-final must be finite numbers")
     if args.feedback == "true-reward":
         return
     if args.labels <= 0:
@@ -1073,6 +1078,16 @@ def truncation_values(agent, obs_rms, infos, terminated, truncated, device):
     return values
 
 
+# PPO change (README "Changes to PPO"), opt-in: the entropy bonus falls linearly over the run, as the learning rate does
+def entropy_coefficient(args: Args, iteration: int) -> float:
+    """The entropy bonus's coefficient in `iteration` (1-based): --ent-coef throughout, or with --ent-coef-final set,
+    the value on the line from --ent-coef at the first iteration towards --ent-coef-final after the last."""
+    if args.ent_coef_final is None:
+        return args.ent_coef
+    frac = 1.0 - (iteration - 1.0) / args.num_iterations  # --anneal-lr's fraction
+    return args.ent_coef_final + frac * (args.ent_coef - args.ent_coef_final)
+
+
 # RLHF: ask the teacher, store its answers
 def query_labels(rng, ensemble, teacher, buffer, rollout, labels_due, selection, args):
     """Ask the teacher for the labels the schedule has due so far, less those held or on their way (a resumed run asks
@@ -1695,6 +1710,7 @@ if __name__ == "__main__":
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
+        ent_coef = entropy_coefficient(args, iteration)  # PPO change (README "Changes to PPO"): constant by default
 
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1843,7 +1859,7 @@ if __name__ == "__main__":
                     v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
                 entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                loss = pg_loss - ent_coef * entropy_loss + v_loss * args.vf_coef
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -1860,6 +1876,7 @@ if __name__ == "__main__":
         # TRY NOT TO MODIFY: record rewards for plotting purposes
         sps = int((global_step - start_step) / (time.time() - start_time))  # a resumed run counts from its start
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/ent_coef", ent_coef, global_step)
         writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
         writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
         writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)

@@ -91,6 +91,26 @@ def test_true_reward_mode_queries_no_labels(tmp_path):
     assert logged["losses/policy_loss"][0][0] == 8 * 64
 
 
+@pytest.mark.slow
+def test_ent_coef_final_lowers_the_entropy_bonus_that_each_update_uses(tmp_path):
+    """--ent-coef-final: the coefficient logged each iteration lies on the line from --ent-coef at the first iteration
+    towards the final value after the last, and PPO's loss uses it: against a constant bonus, the first update (the
+    same coefficient) is identical and the later ones (a smaller bonus) leave a narrower policy."""
+    logged = {}
+    for name, flags in (("constant", "--ent-coef 0.5"), ("falling", "--ent-coef 0.5 --ent-coef-final 0")):
+        (tmp_path / name).mkdir()
+        result = run_script(tmp_path / name, f"{TINY} --feedback true-reward --threads 1 {flags}")
+        assert result.returncode == 0, result.stderr
+        logged[name] = {tag: [value for _, value in values] for tag, values in scalars(only_run_dir(tmp_path / name)).items()}
+    iterations = 3072 // (8 * 64)
+    assert logged["constant"]["charts/ent_coef"] == pytest.approx([0.5] * iterations)
+    falling = [0.5 * (1 - i / iterations) for i in range(iterations)]
+    assert logged["falling"]["charts/ent_coef"] == pytest.approx(falling)
+    entropy = {name: logged[name]["losses/entropy"] for name in logged}
+    assert entropy["falling"][0] == entropy["constant"][0]
+    assert all(lower < higher for lower, higher in zip(entropy["falling"][1:], entropy["constant"][1:]))
+
+
 # a machine without an EGL library (a cluster node, macOS): ctypes finds and loads no libEGL
 NO_EGL = """
 import ctypes, ctypes.util
@@ -267,6 +287,7 @@ BAD_NUMBERS = [
     ("--reward-eval-every 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every"),
     ("--checkpoint-every 0", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
     ("--learning-rate -1", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
+    ("--feedback true-reward --ent-coef-final nan", "--ent-coef and --ent-coef-final must be finite numbers"),
 ]
 
 
