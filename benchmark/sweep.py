@@ -18,11 +18,12 @@ A grid is a JSON file (benchmark/grids/*.json):
 
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
-appended to run.log there, and done.json is written when it has run to the end. A run that was stopped (Ctrl-C,
-SIGTERM, a Slurm time limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint
-with the script's --resume; one that left no checkpoint starts again. So the same command can be repeated until the
-grid is complete; finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on
-run.lock in its folder, the script also after its task was killed; where the file system has working locks). A
+appended to run.log there, and done.json is written when it has run to the end (until then a .gitignore in the
+folder keeps `git add` off it). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time limit: the scripts save a
+checkpoint at the end of the iteration) is resumed from its checkpoint with the script's --resume; one that left no
+checkpoint starts again. So the same command can be repeated until the grid is complete; finished runs are skipped,
+and a run under way is left alone (its task and its script hold a lock on run.lock in its folder, the script also
+after its task was killed; where the file system has working locks). A
 checkpoint resumes with the settings it was started with, so a stopped run whose arguments the grid has changed since
 (steps, flags) is refused with a message, not finished at the old ones.
 
@@ -197,6 +198,8 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     if run_state(folder) == "done":  # finished while this task waited for the lock
         lock.close()
         return "done"
+    # git skips the folder until the run is done: a partial run.log is not committed by `git add benchmark`
+    (folder / ".gitignore").write_text("# sweep.py: this run is not done (removed with done.json)\n*\n")
     previous = saved_run(folder)
     script = str(ROOT / grid["script"])
     if previous:
@@ -245,6 +248,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     if finished:
         walls = [float(w) for w in re.findall(r"^# exit 0, wall_s ([\d.]+)$", log_path.read_text(), re.MULTILINE)]
         (folder / "done.json").write_text(json.dumps({"wall_s": sum(walls), "attempts": len(walls)}) + "\n")
+        (folder / ".gitignore").unlink(missing_ok=True)
     lock.close()  # after done.json (a task waiting for the lock must see it), before a requeue (the next start needs it)
     if finished:
         return "done"

@@ -155,7 +155,20 @@ def stop_the_labelled_run_midway(grid, out, index=1, name="position__labels30__1
     return first
 
 
+def staged_by_git_add(folder):
+    """The files `git add .` in `folder` (a fresh repository, runs/ and run.lock ignored as in ours) would stage."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    if not (folder / ".git").exists():
+        subprocess.run([*git, "init", "-q", str(folder)], check=True)
+        (folder / ".gitignore").write_text("runs/\nrun.lock\n")
+    subprocess.run([*git, "add", "."], cwd=folder, check=True)
+    listed = subprocess.run([*git, "diff", "--cached", "--name-only"], cwd=folder, capture_output=True, text=True, check=True)
+    return set(listed.stdout.split())
+
+
 def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
+    """...and until it is done, `git add` of the sweep's folder leaves it out: a partial run.log is not committed (a
+    later checkout of that folder would replace the files under a running script)."""
     grid, out = write_grid(tmp_path, steps=STOPPABLE_STEPS, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
     log = out / "position__labels30__1" / "run.log"
     first = stop_the_labelled_run_midway(grid, out)
@@ -163,6 +176,7 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert 1024 <= stopped_at < STOPPABLE_STEPS
     status = sweep("status", grid, "--out", out)
     assert "stopped: 1\n  position__labels30__1" in status.stdout
+    assert not any(name.startswith("position__labels30__1/") for name in staged_by_git_add(out))
 
     again = sweep("task", grid, "--index", 1, "--out", out)
     assert again.returncode == 0, again.stderr
@@ -174,6 +188,8 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert final_step(log) == STOPPABLE_STEPS
     assert json.loads((log.parent / "done.json").read_text())["attempts"] == 2
     assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
+    done_files = {name for name in staged_by_git_add(out) if name.startswith("position__labels30__1/")}
+    assert done_files == {"position__labels30__1/run.log", "position__labels30__1/done.json"}
 
 
 def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
