@@ -99,8 +99,8 @@ class Args:
     ent_coef: float = 0.0
     """coefficient of the entropy"""
     ent_coef_final: Optional[float] = None
-    """if set, the entropy coefficient falls linearly from --ent-coef to this value over the run, as --anneal-lr
-    lowers the learning rate (C17 keeps the bonus constant; unset: constant)"""
+    """if set, the entropy coefficient falls linearly over the run from --ent-coef towards this value (the fraction
+    --anneal-lr uses, with or without it; C17 keeps the bonus constant; unset: constant)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
@@ -257,7 +257,7 @@ def validate_args(args: Args) -> None:
         check_rendering(args.env, env_kwargs)
     if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
-    if not all(math.isfinite(coef) for coef in (args.ent_coef, args.ent_coef_final or 0.0)):
+    if not all(math.isfinite(coef) for coef in (args.ent_coef, 0.0 if args.ent_coef_final is None else args.ent_coef_final)):
         raise SystemExit("error: --ent-coef and --ent-coef-final must be finite numbers")
     if args.feedback == "true-reward":
         return
@@ -1710,7 +1710,7 @@ if __name__ == "__main__":
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
-        ent_coef = entropy_coefficient(args, iteration)  # PPO change (README "Changes to PPO"): constant by default
+        ent_coef_now = entropy_coefficient(args, iteration)  # PPO change (README "Changes to PPO"): constant by default
 
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1859,7 +1859,7 @@ if __name__ == "__main__":
                     v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
                 entropy_loss = entropy.mean()
-                loss = pg_loss - ent_coef * entropy_loss + v_loss * args.vf_coef
+                loss = pg_loss - ent_coef_now * entropy_loss + v_loss * args.vf_coef
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -1876,7 +1876,7 @@ if __name__ == "__main__":
         # TRY NOT TO MODIFY: record rewards for plotting purposes
         sps = int((global_step - start_step) / (time.time() - start_time))  # a resumed run counts from its start
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/ent_coef", ent_coef, global_step)
+        writer.add_scalar("charts/ent_coef", ent_coef_now, global_step)
         writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
         writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
         writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)

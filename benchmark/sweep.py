@@ -19,7 +19,7 @@ A grid is a JSON file (benchmark/grids/*.json):
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
 appended to run.log there, and done.json is written when it has run to the end (until then a .gitignore in the
-folder keeps `git add` off it). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time limit: the scripts save a
+folder keeps `git add`, and `git status`, off its new files). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time limit: the scripts save a
 checkpoint at the end of the iteration) is resumed from its checkpoint with the script's --resume; one that left no
 checkpoint starts again. So the same command can be repeated until the grid is complete; finished runs are skipped,
 and a run under way is left alone (its task and its script hold a lock on run.lock in its folder, the script also
@@ -188,6 +188,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     """Run (or resume) one run to its end, or until this process is signalled; returns its state afterwards."""
     folder = sweep_dir / run["name"]
     if run_state(folder) == "done":
+        (folder / ".gitignore").unlink(missing_ok=True)  # a task killed between done.json and the unlink below
         return "done"
     folder.mkdir(parents=True, exist_ok=True)
     lock = lock_run(folder)  # two processes of one run would write one log and one checkpoint
@@ -196,6 +197,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         print(f"error: {run['name']} is running already ({folder / 'run.lock'} is held: {holder})", file=sys.stderr)
         return "running"
     if run_state(folder) == "done":  # finished while this task waited for the lock
+        (folder / ".gitignore").unlink(missing_ok=True)
         lock.close()
         return "done"
     # git skips the folder until the run is done: a partial run.log is not committed by `git add benchmark`

@@ -163,7 +163,7 @@ def staged_by_git_add(folder):
         (folder / ".gitignore").write_text("runs/\nrun.lock\n")
     subprocess.run([*git, "add", "."], cwd=folder, check=True)
     listed = subprocess.run([*git, "diff", "--cached", "--name-only"], cwd=folder, capture_output=True, text=True, check=True)
-    return set(listed.stdout.split())
+    return set(listed.stdout.split()) - {".gitignore"}  # the repository's own
 
 
 def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
@@ -190,6 +190,10 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert len(list((log.parent / "runs").iterdir())) == 1  # the same run folder, resumed
     done_files = {name for name in staged_by_git_add(out) if name.startswith("position__labels30__1/")}
     assert done_files == {"position__labels30__1/run.log", "position__labels30__1/done.json"}
+    # a task killed between done.json and removing the .gitignore: the next sweep finds the run done and removes it
+    (log.parent / ".gitignore").write_text("*\n")
+    assert sweep("task", grid, "--index", 1, "--out", out).returncode == 0
+    assert not (log.parent / ".gitignore").exists()
 
 
 def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
@@ -224,6 +228,7 @@ def test_a_run_under_way_is_not_started_a_second_time(tmp_path):
     task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "0", "--out", str(out)], cwd=ROOT)
     try:
         assert wait_until(lambda: logged_steps(log), 180)
+        assert not staged_by_git_add(out)  # nothing of a run under way for `git add` to commit
         second = sweep("task", grid, "--index", 0, "--out", out, timeout=60)
         assert second.returncode == 1
         assert "position__true__1 is running already" in second.stderr and f"process {task.pid}" in second.stderr
