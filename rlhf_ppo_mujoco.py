@@ -257,7 +257,8 @@ def validate_args(args: Args) -> None:
         check_rendering(args.env, env_kwargs)
     if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
-    if not all(math.isfinite(coef) for coef in (args.ent_coef, 0.0 if args.ent_coef_final is None else args.ent_coef_final)):
+    ent_coefs = (args.ent_coef, 0.0 if args.ent_coef_final is None else args.ent_coef_final)
+    if not all(math.isfinite(coef) for coef in ent_coefs):
         raise SystemExit("error: --ent-coef and --ent-coef-final must be finite numbers")
     if args.feedback == "true-reward":
         return

@@ -19,13 +19,13 @@ A grid is a JSON file (benchmark/grids/*.json):
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
 appended to run.log there, and done.json is written when it has run to the end (until then a .gitignore in the
-folder keeps `git add`, and `git status`, off its new files). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time limit: the scripts save a
-checkpoint at the end of the iteration) is resumed from its checkpoint with the script's --resume; one that left no
-checkpoint starts again. So the same command can be repeated until the grid is complete; finished runs are skipped,
-and a run under way is left alone (its task and its script hold a lock on run.lock in its folder, the script also
-after its task was killed; where the file system has working locks). A
-checkpoint resumes with the settings it was started with, so a stopped run whose arguments the grid has changed since
-(steps, flags) is refused with a message, not finished at the old ones.
+folder keeps `git add`, and `git status`, off its new files). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time
+limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint with the script's
+--resume; one that left no checkpoint starts again. So the same command can be repeated until the grid is complete;
+finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on run.lock in its
+folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes
+with the settings it was started with, so a stopped run whose arguments the grid has changed since (steps, flags) is
+refused with a message, not finished at the old ones.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
