@@ -7,7 +7,7 @@ Usage (from the repository root):
   python benchmark/notes/paired_finals.py benchmark/sweeps/swimmer_c17_ent_decay benchmark/sweeps/swimmer_c17_ent \
     benchmark/sweeps/swimmer_c17_rl --env Swimmer-v4 --mode labels1400 --fast 100
 A run counts once its folder has done.json; its final return is the true return of the last 10 episodes on its last
-progress line (benchmark/plot.py's reader of run.log).
+progress line (final_returns.py's reader).
 """
 
 import argparse
@@ -16,17 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plot import progress  # noqa: E402
-
-
-def finals(sweep, env, mode):
-    """{seed: final true return} of the sweep's finished runs of this env and mode."""
-    found = {}
-    for folder in Path(sweep).glob(f"{env}__{mode}__*"):
-        if (folder / "done.json").exists():
-            found[int(folder.name.rsplit("__", 1)[1])] = progress(str(folder / "run.log"))[1][-1]
-    return dict(sorted(found.items()))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from final_returns import finals  # noqa: E402 (mode -> {seed: final true return} of a sweep's finished runs)
 
 
 def main():
@@ -36,7 +27,7 @@ def main():
     parser.add_argument("--mode", required=True, help='"true" or "labelsN", as in the run folders\' names')
     parser.add_argument("--fast", type=float, help="count the runs whose final return is over this")
     args = parser.parse_args()
-    by_sweep = {sweep: finals(sweep, args.env, args.mode) for sweep in args.sweeps}
+    by_sweep = {sweep: finals(sweep, args.env).get(args.mode, {}) for sweep in args.sweeps}
     for sweep, returns in by_sweep.items():
         values = np.array(list(returns.values()))
         if not len(values):
