@@ -248,7 +248,10 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         interrupted = "interrupted at step" in log.read()
     finished = returncode == 0 and not interrupted and not signalled
     if finished:
-        walls = [float(w) for w in re.findall(r"^# exit 0, wall_s ([\d.]+)$", log_path.read_text(), re.MULTILINE)]
+        # the time of the last start and every resume of it, one that died after a checkpoint too (killed, or
+        # SIGTERMed while it shut down); not of a start that died before its first checkpoint (started again)
+        this_run = log_path.read_text().rsplit(" UTC, started: ", 1)[-1]
+        walls = [float(w) for w in re.findall(r"^# exit -?\d+, wall_s ([\d.]+)$", this_run, re.MULTILINE)]
         (folder / "done.json").write_text(json.dumps({"wall_s": sum(walls), "attempts": len(walls)}) + "\n")
         (folder / ".gitignore").unlink(missing_ok=True)
     lock.close()  # after done.json (a task waiting for the lock must see it), before a requeue (the next start needs it)

@@ -196,6 +196,33 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert not (log.parent / ".gitignore").exists()
 
 
+def test_a_run_killed_after_a_checkpoint_counts_the_killed_attempts_time_when_done(tmp_path):
+    """A script that dies after a checkpoint (killed; or SIGTERMed while it shuts down, exit -15) is resumed by the
+    next sweep: done.json's wall time and attempts count the attempt that died, not only the one that finished (nor a
+    start that failed before its first checkpoint, which the run started again)."""
+    grid, out = write_grid(tmp_path, steps=STOPPABLE_STEPS, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    folder = out / "position__labels30__1"
+    folder.mkdir(parents=True)  # and before it a start that failed at once: started again, its second not counted
+    (folder / "run.log").write_text("# 2026-01-01 00:00:00 UTC, started: python script\nerror\n# exit 1, wall_s 1.5\n")
+    task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "1", "--out", str(out)], cwd=ROOT)
+    assert wait_until(lambda: logged_steps(folder / "run.log") and any(folder.glob("runs/*/checkpoint.pt")), 120)
+    script = processes(
+        lambda proc: "rlhf_moving_dot.py" in proc.joinpath("cmdline").read_text() and os.readlink(proc / "cwd") == str(folder)
+    )
+    kill(script)
+    assert task.wait(timeout=60) == 1  # the task reports the run failed; its checkpoint is kept
+    first_wall = float(re.search(r"^# exit -9, wall_s ([\d.]+)$", (folder / "run.log").read_text(), re.M)[1])
+
+    again = sweep("task", grid, "--index", 1, "--out", out)
+    assert again.returncode == 0, again.stderr
+    log = (folder / "run.log").read_text()
+    assert "resumed: " in log and final_step(folder / "run.log") == STOPPABLE_STEPS
+    second_wall = float(re.findall(r"^# exit 0, wall_s ([\d.]+)$", log, re.M)[-1])
+    done = json.loads((folder / "done.json").read_text())
+    assert done["attempts"] == 2
+    assert done["wall_s"] == pytest.approx(first_wall + second_wall, abs=0.11)
+
+
 def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
     """`nohup python benchmark/sweep.py local GRID &` in a script, then `kill PID`: a shell starts a background job with
     Ctrl-C ignored, so SIGTERM must stop the runs (each saves) by itself, not through Ctrl-C's handler."""
