@@ -2,7 +2,8 @@
 
 Reads the progress lines of benchmark/logs/{env}__{exp_name}__{seed}.log ("step N, SPS s, true return R, ..."), where R is
 the mean true return (standard rules) of the run's last 10 finished episodes. The logs are committed, so the figures
-can be rebuilt without the TensorBoard folders.
+can be rebuilt without the TensorBoard folders. The spread over seeds, in the table and as the figure's band, is the
+seeds' sample std (ddof=1, as in sweep.py's report; 0 where a single seed has a value).
 
 Usage (from the repository root): python benchmark/plot.py --env Hopper-v4 [--logs benchmark/logs] [--out benchmark]
   [--runs NAME,NAME] (only these exp_names) [--max-steps N] (compare every run up to the same step)
@@ -41,6 +42,16 @@ def progress(log_path):
         kept.append((int(step), float(ret)))
     wall_s = float(wall[-1]) if wall else np.nan
     return np.array([s for s, _ in kept], dtype=int), np.array([r for _, r in kept]), wall_s
+
+
+def seeds_std(values):
+    """The sample std over seeds (axis 0), NaNs left out; 0 where fewer than two seeds have a value (no spread to show,
+    where ddof=1 would give NaN and a warning)."""
+    values = np.asarray(values, dtype=float)
+    counted = (~np.isnan(values)).sum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.where(counted > 1, np.nanstd(values, 0, ddof=1), 0.0)
 
 
 def fmt(value):
@@ -83,7 +94,7 @@ def main():
     plt.figure(figsize=(7, 4.5))
     timed = any(not np.isnan(w) for seeds in walls.values() for w in seeds.values())
     table = [
-        "| run | seeds | steps | final true return per seed (mean of last 10 episodes) | mean ± std |"
+        "| run | seeds | steps | final true return per seed (mean of last 10 episodes) | mean ± sample std |"
         + (" wall time per seed (s) | median wall time (s) |" if timed else ""),
         "|---|---|---|---|---|" + ("---|---|" if timed else ""),
     ]
@@ -93,7 +104,7 @@ def main():
         curves = np.array([np.interp(grid, steps, returns, left=np.nan, right=np.nan) for _, steps, returns in runs])
         with warnings.catch_warnings():  # grid points before any run's first progress line are NaN for all seeds
             warnings.simplefilter("ignore", RuntimeWarning)
-            mean, std = np.nanmean(curves, 0), np.nanstd(curves, 0)
+            mean, std = np.nanmean(curves, 0), seeds_std(curves)
         plt.plot(grid, mean, label=f"{exp_name} ({len(runs)} seeds)")
         plt.fill_between(grid, mean - std, mean + std, alpha=0.2)
         per_seed = {seed: returns[-1] for seed, _, returns in runs}
@@ -102,7 +113,7 @@ def main():
         last_step = min(steps.max() for _, steps, _ in runs)
         row = (
             f"| {exp_name} | {len(runs)} | {last_step} | {seeds_text} | "
-            f"{fmt(np.mean(list(per_seed.values())))} ± {fmt(np.std(list(per_seed.values())))} |"
+            f"{fmt(np.mean(list(per_seed.values())))} ± {fmt(seeds_std(list(per_seed.values())))} |"
         )
         if timed:
             wall = walls[exp_name]

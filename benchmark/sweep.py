@@ -62,7 +62,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import fmt, plt, progress  # noqa: E402 (plot.py sets matplotlib's file-only backend)
+from plot import fmt, plt, progress, seeds_std  # noqa: E402 (plot.py sets matplotlib's file-only backend)
 
 import numpy as np  # noqa: E402
 
@@ -414,11 +414,6 @@ def ratio_standard_error(ratio, finals, true_finals, start):
     shift = 0.0 if true_finals.mean() > 0 else start
     relative = [(values.std(ddof=1) / np.sqrt(len(values))) / (values.mean() - shift) for values in (finals, true_finals)]
     return abs(ratio) * float(np.hypot(*relative))
-
-
-def seeds_std(returns):
-    """The sample std over seeds (axis 0; 0 for a single seed): the spread the table and the figure show."""
-    return returns.std(0, ddof=1) if len(returns) > 1 else np.zeros_like(returns[0])
 
 
 def mode_order(mode):

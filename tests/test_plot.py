@@ -1,0 +1,44 @@
+"""benchmark/plot.py: the table from the committed logs gives each run's final true return per seed and, after their
+mean, the seeds' sample std (as sweep.py's report and the other tables do); a single seed's spread is 0."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PLOT = ROOT / "benchmark" / "plot.py"
+
+
+def write_log(path, returns):
+    """A log in the scripts' format: a progress line per 1000 steps with these true returns (the last is the final)."""
+    lines = [f"step {1000 * (i + 1)}, SPS 100, true return {value:.1f}" for i, value in enumerate(returns)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def table_row(stdout, exp_name):
+    return next(line for line in stdout.splitlines() if line.startswith(f"| {exp_name} |"))
+
+
+def test_the_table_gives_the_seeds_sample_std_and_0_for_one_seed(tmp_path):
+    finals = {1: 10.0, 2: 20.0, 3: 36.0}
+    for seed, final in finals.items():
+        write_log(tmp_path / f"Dot-v0__bench_true__{seed}.log", [5.0, final / 2, final])
+    write_log(tmp_path / "Dot-v0__bench_rlhf__1.log", [4.0, 8.0, 12.0])  # one seed: no spread to show
+    result = subprocess.run(
+        [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+
+    values = list(finals.values())
+    expected = f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
+    assert table_row(result.stdout, "bench_true").endswith(f"| {expected} |"), result.stdout
+    assert re.search(r"\| 12\.0 ± 0\.0 \|$", table_row(result.stdout, "bench_rlhf")), result.stdout
+    assert "sample std" in result.stdout
+    assert (tmp_path / "dot_v0.png").exists()
