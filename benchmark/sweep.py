@@ -248,11 +248,17 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         interrupted = "interrupted at step" in log.read()
     finished = returncode == 0 and not interrupted and not signalled
     if finished:
-        # the time of the last start and every resume of it, one that died after a checkpoint too (killed, or
-        # SIGTERMed while it shut down); not of a start that died before its first checkpoint (started again)
-        this_run = log_path.read_text().rsplit(" UTC, started: ", 1)[-1]
+        # the run's attempts: its last start (one that died before its first checkpoint was started again) and every
+        # resume, one that died after a checkpoint too (killed, or SIGTERMed while it shut down); the wall time is of
+        # those that logged their exit (a task killed outright, with its machine say, logs none)
+        text = log_path.read_text()
+        this_run = text[max([0] + [m.start() for m in re.finditer(r"^# .* UTC, started: ", text, re.MULTILINE)]) :]
+        attempts = len(re.findall(r"^# .* UTC, (?:started|resumed): ", this_run, re.MULTILINE))
         walls = [float(w) for w in re.findall(r"^# exit -?\d+, wall_s ([\d.]+)$", this_run, re.MULTILINE)]
-        (folder / "done.json").write_text(json.dumps({"wall_s": sum(walls), "attempts": len(walls)}) + "\n")
+        record = {"wall_s": round(sum(walls), 1), "attempts": attempts}
+        if len(walls) < attempts:
+            record["untimed_attempts"] = attempts - len(walls)
+        (folder / "done.json").write_text(json.dumps(record) + "\n")
         (folder / ".gitignore").unlink(missing_ok=True)
     lock.close()  # after done.json (a task waiting for the lock must see it), before a requeue (the next start needs it)
     if finished:
