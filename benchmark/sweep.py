@@ -19,7 +19,8 @@ A grid is a JSON file (benchmark/grids/*.json):
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
 appended to run.log there, and done.json is written when it has run to the end (until then a .gitignore in the
-folder keeps `git add`, and `git status`, off its new files). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time
+folder keeps `git add`, and `git status`, off its new files; a run whose folder holds files git tracks, a partial
+run.log committed by hand, is refused until they are untracked). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time
 limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint with the script's
 --resume; one that left no checkpoint starts again. So the same command can be repeated until the grid is complete;
 finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on run.lock in its
@@ -183,6 +184,15 @@ def started_args(log_path):
     return shlex.split(starts[-1])[2:] if starts else None  # after the interpreter and the script
 
 
+def files_git_tracks(folder):
+    """The files in `folder` that git tracks (none outside a repository, or without git)."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=folder, capture_output=True, text=True)
+    except OSError:
+        return []
+    return listed.stdout.splitlines() if listed.returncode == 0 else []
+
+
 # --- one run ----------------------------------------------------------------------------------------------------------
 def execute(grid, run, sweep_dir, on_signal_requeue=False):
     """Run (or resume) one run to its end, or until this process is signalled; returns its state afterwards."""
@@ -200,6 +210,15 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         (folder / ".gitignore").unlink(missing_ok=True)
         lock.close()
         return "done"
+    tracked = files_git_tracks(folder)
+    if tracked:  # the .gitignore below cannot untrack them: `git add benchmark` would commit a partial log
+        print(
+            f"error: git tracks {', '.join(tracked)} in {folder}: the next `git add` would commit the log of the run "
+            f"under way.\n  `git rm -r --cached {folder}` and commit (the files stay here), then run it again",
+            file=sys.stderr,
+        )
+        lock.close()
+        return "failed"
     # git skips the folder until the run is done: a partial run.log is not committed by `git add benchmark`
     (folder / ".gitignore").write_text("# sweep.py: this run is not done (removed with done.json)\n*\n")
     previous = saved_run(folder)
@@ -289,11 +308,11 @@ def not_done(grid, sweep_dir, indices):
 
 def run_local(grid, sweep_dir, workers, indices):
     """The runs at `indices` not done, `workers` at a time, each as a `task` process (Ctrl-C or SIGTERM stops them
-    all; they save)."""
+    all; they save). Returns whether it ran to the end, not stopped, and the names of the runs that failed."""
     todo = not_done(grid, sweep_dir, indices)
     print(f"{len(indices) - len(todo)} of {len(indices)} runs done; running {len(todo)}, {workers} at a time")
     running = {}
-    stopping = []
+    stopping, failed = [], []
     grid_copy = frozen_grid(grid, sweep_dir) if todo else None
     # `kill` or a scheduler; not through Ctrl-C's handler: a shell starts a background job (`nohup ... &`) without one
     previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
@@ -306,6 +325,8 @@ def run_local(grid, sweep_dir, workers, indices):
             for task in [task for task in running if task.poll() is not None]:
                 name = running.pop(task)
                 print(f"{name}: {run_state(sweep_dir / name)} (exit {task.returncode})")
+                if task.returncode != 0:
+                    failed.append(name)
             time.sleep(0.5)
     except KeyboardInterrupt:
         stopping.append(signal.SIGINT)
@@ -317,7 +338,7 @@ def run_local(grid, sweep_dir, workers, indices):
             task.wait()
             print(f"{name}: {run_state(sweep_dir / name)}")
     signal.signal(signal.SIGTERM, previous_handler)
-    return not stopping
+    return not stopping, failed
 
 
 def index_ranges(indices):
@@ -572,8 +593,11 @@ def main():
         parser.error(f"no run of the grid is {chosen}" if chosen else f"the grid {options.grid} has no runs")
     sweep_dir = sweep_folder(options.grid, options.out)
     if options.command == "local":
-        if run_local(grid, sweep_dir, options.workers, batch):
+        ran_to_the_end, failed = run_local(grid, sweep_dir, options.workers, batch)
+        if ran_to_the_end:
             write_report(grid, sweep_dir)
+        if failed:
+            sys.exit(f"error: {len(failed)} run(s) not done: {', '.join(failed)} (why: above, and in their run.log)")
     elif options.command == "slurm":
         submit_slurm(grid, sweep_dir, options, batch)
     elif options.command == "report":

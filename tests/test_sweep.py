@@ -196,6 +196,33 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert not (log.parent / ".gitignore").exists()
 
 
+def test_a_run_whose_partial_log_git_tracks_is_refused_until_it_is_untracked(tmp_path):
+    """The .gitignore that keeps a run under way out of `git add` cannot untrack a file git already tracks (a partial
+    run.log committed by hand): running it would put a partial log in the next commit, so the sweep says how to untrack
+    it and starts nothing; untracked, the run goes on and is committed when done."""
+    grid, out = write_grid(tmp_path, feedback=["true"]), tmp_path / "out"
+    folder = out / "position__true__1"
+    write_run_log(out, "position__true__1", [-50.0, -40.0], done=False)
+    partial = (folder / "run.log").read_text()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    assert staged_by_git_add(out) == {"position__true__1/run.log"}
+    subprocess.run([*git, "commit", "-qm", "a partial run"], cwd=out, check=True)
+
+    refused = sweep("local", grid, "--out", out, "--workers", 1)
+    assert refused.returncode == 1
+    assert f"git tracks run.log in {folder}" in refused.stderr
+    assert f"git rm -r --cached {folder}" in refused.stderr
+    assert (folder / "run.log").read_text() == partial  # nothing ran
+    assert not (folder / "runs").exists() and not (folder / ".gitignore").exists()
+
+    subprocess.run([*git, "rm", "-rq", "--cached", str(folder)], cwd=out, check=True)
+    subprocess.run([*git, "commit", "-qm", "untracked"], cwd=out, check=True)
+    again = sweep("local", grid, "--out", out, "--workers", 1)
+    assert again.returncode == 0, again.stderr
+    assert final_step(folder / "run.log") == 1536
+    assert staged_by_git_add(out) >= {"position__true__1/run.log", "position__true__1/done.json"}
+
+
 def test_done_json_counts_the_runs_attempts_since_its_last_start_and_their_logged_time(tmp_path):
     """A run is resumed after its script died after a checkpoint (killed; or SIGTERMed while it shut down, exit -15)
     and after its task was killed outright (no exit line): done.json counts those attempts, and the time of those that
