@@ -155,14 +155,16 @@ def stop_the_labelled_run_midway(grid, out, index=1, name="position__labels30__1
     return first
 
 
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+
+
 def staged_by_git_add(folder):
     """The files `git add .` in `folder` (a fresh repository, runs/ and run.lock ignored as in ours) would stage."""
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     if not (folder / ".git").exists():
-        subprocess.run([*git, "init", "-q", str(folder)], check=True)
+        subprocess.run([*GIT, "init", "-q", str(folder)], check=True)
         (folder / ".gitignore").write_text("runs/\nrun.lock\n")
-    subprocess.run([*git, "add", "."], cwd=folder, check=True)
-    listed = subprocess.run([*git, "diff", "--cached", "--name-only"], cwd=folder, capture_output=True, text=True, check=True)
+    subprocess.run([*GIT, "add", "."], cwd=folder, check=True)
+    listed = subprocess.run([*GIT, "diff", "--cached", "--name-only"], cwd=folder, capture_output=True, text=True, check=True)
     return set(listed.stdout.split()) - {".gitignore"}  # the repository's own
 
 
@@ -204,9 +206,8 @@ def test_a_run_whose_partial_log_git_tracks_is_refused_until_it_is_untracked(tmp
     folder = out / "position__true__1"
     write_run_log(out, "position__true__1", [-50.0, -40.0], done=False)
     partial = (folder / "run.log").read_text()
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     assert staged_by_git_add(out) == {"position__true__1/run.log"}
-    subprocess.run([*git, "commit", "-qm", "a partial run"], cwd=out, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "a partial run"], cwd=out, check=True)
 
     refused = sweep("local", grid, "--out", out, "--workers", 1)
     assert refused.returncode == 1
@@ -215,8 +216,8 @@ def test_a_run_whose_partial_log_git_tracks_is_refused_until_it_is_untracked(tmp
     assert (folder / "run.log").read_text() == partial  # nothing ran
     assert not (folder / "runs").exists() and not (folder / ".gitignore").exists()
 
-    subprocess.run([*git, "rm", "-rq", "--cached", str(folder)], cwd=out, check=True)
-    subprocess.run([*git, "commit", "-qm", "untracked"], cwd=out, check=True)
+    subprocess.run([*GIT, "rm", "-rq", "--cached", str(folder)], cwd=out, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "untracked"], cwd=out, check=True)
     again = sweep("local", grid, "--out", out, "--workers", 1)
     assert again.returncode == 0, again.stderr
     assert final_step(folder / "run.log") == 1536
