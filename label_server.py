@@ -6,6 +6,7 @@ import errno
 import hashlib
 import io
 import json
+import math
 import queue
 import re
 import secrets
@@ -32,7 +33,7 @@ class Args:
     port: int = 8000
     """TCP port to listen on (0 picks a free one; the chosen port is printed)"""
     host: str = "127.0.0.1"
-    """address to bind; use 0.0.0.0 to let raters on your LAN connect (then also set --token)"""
+    """address to bind (IPv6 too, e.g. ::1); 0.0.0.0 lets raters on your LAN connect (then also set --token)"""
     db: str = "labels.sqlite"
     """the SQLite file that holds every clip, pair and answer (created if missing; WAL journal)"""
     token: Optional[str] = None
@@ -619,6 +620,14 @@ def reject_non_json_number(name):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def finite_json_number(text):
+    """A JSON number as a float; one too large for it (1e999, which Python reads as inf) would be sent back as Infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
 def json_depth(value):
     """How deeply arrays and objects nest in parsed JSON: 0 for a number or string, 1 for [1, 2] or {}. A level at a
     time, not by recursion."""
@@ -729,7 +738,21 @@ def make_handler(store, args, rater_of_key=None):
 
         def parse_request(self):
             self.started = time.monotonic()  # the request's time starts when it arrives, not when the connection idles
-            return super().parse_request()
+            if not super().parse_request():
+                return False
+            # where the body ends is in doubt: a head the standard library read only in part (a line without a colon,
+            # or with a space before it, as in "Content-Length : 5": the lines after it are lost), or a chunked body
+            # (no endpoint reads one; with a Content-Length too, a proxy in front may read the body the other way).
+            # Answered, and the connection closed: what follows cannot be trusted to be where a next request starts
+            if self.headers.defects or "Transfer-Encoding" in self.headers:
+                self.body_left_unread = MAX_DROPPED  # what the client still sends: the main thread's to drop
+                if self.headers.defects:
+                    self.send_error(HTTPStatus.BAD_REQUEST, "malformed header line (a name, then a colon at once)")
+                else:
+                    message = "Transfer-Encoding is not supported: send the body with a Content-Length"
+                    self.send_error(HTTPStatus.NOT_IMPLEMENTED, message)
+                return False
+            return True
 
         def send_response(self, code, message=None):
             self.skip_body()  # first: the reply says whether the connection stays open
@@ -780,7 +803,12 @@ def make_handler(store, args, rater_of_key=None):
                 self.close_connection = True  # the unread body must not be parsed as the next request
                 raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes is over the limit of {limit}")
             self.body_handled = True
-            return self.rfile.read(int(length))
+            body = self.rfile.read(int(length))
+            if len(body) < int(length):  # the client stopped sending (or died) before the end: a clip cut short, a label
+                self.close_connection = True  # half-sent, is not what it meant to send
+                message = f"the body ended after {len(body)} of the {length} bytes of its Content-Length: nothing stored"
+                raise ApiError(HTTPStatus.BAD_REQUEST, message)
+            return body
 
         def skip_body(self):
             """A body no endpoint read (an error came first, or the request takes none) must not be parsed as the next
@@ -789,11 +817,11 @@ def make_handler(store, args, rater_of_key=None):
                 return
             self.body_handled = True
             length = plain_int(self.headers.get("Content-Length", "0"))
-            if self.headers.get("Transfer-Encoding") or length is None or length > args.max_json_bytes:
+            if length is None or length > args.max_json_bytes:
                 self.close_connection = True
                 # what the client still sends of it (all it will send, if its length is unknown) is the server's main
                 # thread's to drop, after this reply: closed with bytes unread, the connection would be reset
-                unknown = length is None or self.headers.get("Transfer-Encoding")
+                unknown = length is None
                 self.body_left_unread = MAX_DROPPED if unknown else min(MAX_DROPPED, max(0, length - len(self.rfile.unread)))
             elif length:
                 self.rfile.read(length)
@@ -807,8 +835,8 @@ def make_handler(store, args, rater_of_key=None):
                 raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be sent as Content-Type: application/json")
             too_deep = f"malformed JSON: arrays and objects nested deeper than {MAX_JSON_DEPTH} levels"
             try:
-                body = json.loads(raw, parse_constant=reject_non_json_number)
-            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN or Infinity
+                body = json.loads(raw, parse_constant=reject_non_json_number, parse_float=finite_json_number)
+            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN, Infinity or 1e999
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {error}") from None
             except RecursionError:  # "[[[[..." within the size limit is deeper than Python's recursion limit
                 raise ApiError(HTTPStatus.BAD_REQUEST, too_deep) from None
@@ -1127,7 +1155,10 @@ def make_handler(store, args, rater_of_key=None):
             except UnicodeDecodeError:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the TSV must be UTF-8") from None
             file_id = hashlib.sha256(body).hexdigest()[:12]
-            rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
+            try:
+                rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
+            except csv.Error as error:  # lines ended by CR alone (old spreadsheets), a field over the csv module's limit
+                raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV cannot be read: {error}") from None
             missing = [c for c in ("INPUT:video1", "INPUT:video2", "OUTPUT:result") if c not in (rows[0] if rows else {})]
             if missing:
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV needs a header row with columns {', '.join(missing)}")
@@ -1437,10 +1468,11 @@ class Server(HTTPServer):
     request_queue_size = 1024  # the listen backlog, for bursts of new connections (the default is 5)
 
     def __init__(self, address, handler, max_workers, timeout, body_limit):
-        super().__init__(address, handler)
-        self.request_timeout, self.body_limit = timeout, body_limit
         self.waiting = {}  # socket -> Waiting, in the order they began waiting: the first is the first to expire
         self.selector = selectors.DefaultSelector()
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET  # --host ::1
+        super().__init__(address, handler)  # binds; server_close first where it cannot (a port in use)
+        self.request_timeout, self.body_limit = timeout, body_limit
         self.requests = queue.SimpleQueue()  # (socket, address, bytes received, told to continue?) for the workers
         # (socket, address, bytes not read, bytes to drop) of connections a worker is done with: keep-alive ones (0
         # to drop), and refused ones whose client may still be sending (to drop: what is left of the refused body)
@@ -1663,6 +1695,7 @@ def main(args: Args) -> None:
     except OSError as error:
         raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {error}") from None
     host, port = server.server_address[:2]
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address, as it goes in a URL
     counts = store.counts()
     print(f"label server on http://{host}:{port}/ (database {args.db}: {counts['pairs']} pairs, {counts['labels']} labels)")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:

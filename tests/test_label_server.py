@@ -24,6 +24,7 @@ from contextlib import closing, suppress
 
 import label_server as ls
 import pytest
+from helpers import SERVER
 
 CLIP = b"\x1a\x45\xdf\xa3" + bytes(range(256)) * 4  # a WebM signature and some bytes
 
@@ -211,10 +212,13 @@ def test_token_guards_the_trainer_endpoints_only(label_server):
     assert server.call("GET", "/api/labels?experiment=exp", token="s3cret")[1]["labels"][0]["choice"] == "left"
 
 
-def raw_request(port, data):
-    """Send raw bytes over a socket and return the status line and body of the reply."""
+def raw_request(port, data, half_close=False):
+    """Send raw bytes over a socket and return the status line and body of the reply; `half_close`: then say that
+    nothing more will be sent (a client that stops sending, or dies, before its whole body)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         reply = b""
         while chunk := sock.recv(65536):
             reply += chunk
@@ -268,6 +272,7 @@ PAIR_P2 = b'{"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l", "right_c
         # Python's json reads NaN and Infinity, which are not JSON: served back, they would break the trainer's parser
         ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": NaN}}', 400, "NaN"),
         ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": -Infinity}}', 400, "Infinity"),
+        ("POST", "/api/pairs", PAIR_P2[:-1] + b', "metadata": {"r": -1e999}}', 400, "1e999"),  # Python reads -inf
         ("POST", "/api/pairs", PAIR_P2[:-1] + b', "instruction": "\\ud800"}', 400, "Unicode"),  # a lone surrogate
         ("POST", "/api/labels", b'{"pair_id": ' + b"7" * 5000 + b', "rater": "ann", "choice": "left"}', 400, "malformed JSON"),
     ],
@@ -301,6 +306,50 @@ def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
     assert " 411 " in line
     raw_request(server.port, b"GARBAGE\r\n\r\n")
     assert server.call("GET", "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "path, content_type, body, declared",
+    [
+        ("/api/clips/p1-l", "video/webm", CLIP[:200], 200 + 1000),  # a clip sent again: the stored one stays
+        ("/api/clips/new", "video/webm", CLIP[:200], 1_000_000),  # over the main thread's limit: the worker reads it
+        ("/api/labels", "application/json", b'{"pair_id": "p1", "rater": "ann", "choice": "left"}', 100),
+    ],
+)
+def test_a_body_cut_short_of_its_content_length_is_refused_and_stores_nothing(
+    label_server, path, content_type, body, declared
+):
+    server = label_server()
+    post_pair(server, "p1")
+    head = f"{'POST' if 'labels' in path else 'PUT'} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    head += f"Content-Type: {content_type}\r\nContent-Length: {declared}\r\n\r\n"
+    line, reply = raw_request(server.port, head.encode() + body, half_close=True)  # the client stops sending
+    assert " 400 " in line and f"{len(body)} of the {declared} bytes" in json.loads(reply)["error"], (line, reply)
+    assert server.call("GET", "/clips/p1-l") == (200, CLIP)
+    assert server.call("GET", "/clips/new")[0] == 404
+    assert server.call("GET", "/healthz")[1] == {"ok": True, "clips": 2, "pairs": 1, "answers": 0, "labels": 0}
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, str(SERVER), "--port", str(port), "--db", str(tmp_path / "db.sqlite")]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}" in done.stderr and "in use" in done.stderr, done.stderr
+
+
+def test_the_server_listens_on_the_ipv6_loopback(label_server):
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError as error:
+            pytest.skip(f"this machine has no IPv6 loopback: {error}")
+    server = label_server("--host", "::1")
+    assert server.url.startswith("http://[::1]:")  # the address as a browser takes it
+    assert post_pair(server, "p1")[0] == 201 and server.call("GET", "/clips/p1-l") == (200, CLIP)
 
 
 def test_kill_9_and_restart_lose_nothing_acknowledged(label_server, tmp_path):
@@ -426,6 +475,29 @@ def test_a_body_left_unread_by_an_error_is_never_read_as_the_next_request(label_
             reply.read()
             assert reply.status == status
             assert healthz_on(connection)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "headers, body, status",
+    [
+        (f"Content-Length : {len(SMUGGLED)}", SMUGGLED, 400),  # a space before the colon: not a header to Python
+        (f"X-No-Colon\r\nContent-Length: {len(SMUGGLED)}", SMUGGLED, 400),  # Python's parser stops at the bad line
+        ("Transfer-Encoding: chunked\r\nContent-Length: 5", b"0\r\n\r\n" + SMUGGLED, 501),  # chunked, the body ends at
+        # "0": a proxy in front that reads it so sends SMUGGLED as part of this request, not as one of its own
+    ],
+)
+def test_a_request_whose_body_length_is_in_doubt_is_refused_and_its_connection_closed(label_server, headers, body, status):
+    server = label_server()
+    head = f"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(head.encode() + body)
+        replies = b""
+        with suppress(TimeoutError):  # a server that keeps the connection open would keep this waiting
+            while chunk := sock.recv(65536):
+                replies += chunk
+    assert replies.startswith(f"HTTP/1.1 {status} ".encode()) and b"Connection: close" in replies, replies
+    assert replies.count(b"HTTP/1.1 ") == 1 and b"no such endpoint" not in replies, replies  # nothing more was answered
+    assert server.call("GET", "/healthz")[0] == 200
 
 
 def test_each_request_is_logged_in_one_line_without_secrets(label_server):
@@ -1252,6 +1324,11 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
     assert server.call("GET", "/api/pairs/p3")[1]["answers"] == []
     status, reply = import_tsv(server, "video1\tvideo2\tresult\np3-l\tp3-r\tleft\n")
     assert status == 400 and "INPUT:video1" in reply["error"]
+    # files Python's csv module cannot read: lines ended by CR alone (old spreadsheets), a field over its size limit
+    for unreadable in [bad.replace("\n", "\r"), CROWD_HEADER + "p3-l\tp3-r\tleft\t" + "w" * 200_000 + "\n"]:
+        status, reply = import_tsv(server, unreadable)
+        assert status == 400 and "the TSV cannot be read" in reply["error"], (status, reply)
+    assert server.call("GET", "/api/pairs/p3")[1]["answers"] == []
     assert server.call("POST", "/api/import", raw=results.encode(), token="wrong")[0] == 401
 
 
