@@ -740,6 +740,9 @@ def make_handler(store, args, rater_of_key=None):
             self.started = time.monotonic()  # the request's time starts when it arrives, not when the connection idles
             if not super().parse_request():
                 return False
+            if self.request_version == "HTTP/0.9":  # "GET /" alone: its reply would be the body without a status line
+                self.send_error(HTTPStatus.BAD_REQUEST, "the request line needs its HTTP version (GET / HTTP/1.1)")
+                return False
             # where the body ends is in doubt: a head the standard library read only in part (a line without a colon,
             # or with a space before it, as in "Content-Length : 5": the lines after it are lost), or a chunked body
             # (no endpoint reads one; with a Content-Length too, a proxy in front may read the body the other way).
@@ -786,6 +789,7 @@ def make_handler(store, args, rater_of_key=None):
             # what the standard library could not parse (request line, headers): JSON too, and the connection closed,
             # as the standard library does, since nothing after it can be trusted to be where a request starts
             self.close_connection = self.body_handled = True
+            self.request_version = "HTTP/1.1"  # the request line's own, unless it was unreadable (HTTP/0.9: no status line)
             self.send_json(code, {"error": message or HTTPStatus(code).phrase})
 
         def send_empty(self, status):
@@ -1127,6 +1131,8 @@ def make_handler(store, args, rater_of_key=None):
                 body, content_type = text.getvalue(), "text/csv; charset=utf-8"
             else:  # a task file for a crowd platform: each pair's two clips as URLs; answers come back via /api/import
                 base = query.get("base") or f"http://{self.headers.get('Host', 'localhost')}"
+                if not re.fullmatch(r"https?://\S+", base):  # a tab or a line break in it would make rows of its own
+                    raise ApiError(HTTPStatus.BAD_REQUEST, f"'base' must be an http(s) URL without spaces (got {base!r})")
                 lines = ["INPUT:video1\tINPUT:video2"]
                 lines += [
                     f"{base.rstrip('/')}/clips/{row['left_clip']}\t{base.rstrip('/')}/clips/{row['right_clip']}"
@@ -1155,11 +1161,12 @@ def make_handler(store, args, rater_of_key=None):
             except UnicodeDecodeError:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the TSV must be UTF-8") from None
             file_id = hashlib.sha256(body).hexdigest()[:12]
+            reader = csv.DictReader(io.StringIO(text), delimiter="\t")
             try:
-                rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
+                rows = list(reader)
             except csv.Error as error:  # lines ended by CR alone (old spreadsheets), a field over the csv module's limit
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV cannot be read: {error}") from None
-            missing = [c for c in ("INPUT:video1", "INPUT:video2", "OUTPUT:result") if c not in (rows[0] if rows else {})]
+            missing = [c for c in ("INPUT:video1", "INPUT:video2", "OUTPUT:result") if c not in (reader.fieldnames or [])]
             if missing:
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV needs a header row with columns {', '.join(missing)}")
             answers, problems, without_worker_id = [], [], 0

@@ -304,7 +304,23 @@ def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
     assert " 400 " in line
     line, body = raw_request(server.port, b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert " 411 " in line
-    raw_request(server.port, b"GARBAGE\r\n\r\n")
+    assert server.call("GET", "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "request_line, status",
+    [
+        (b"GARBAGE", 400),
+        (b"GET / HTTP/2.0", 505),
+        (b"GET / HTTP/1.x", 400),
+        (b"GET /", 400),  # HTTP/0.9, whose replies have no status line
+    ],
+)
+def test_a_broken_request_line_gets_a_status_line_and_a_json_error(label_server, request_line, status):
+    server = label_server()
+    line, body = raw_request(server.port, request_line + b"\r\n\r\n")
+    assert line.startswith(f"HTTP/1.1 {status} "), (line, body)  # a bare body reads as HTTP/0.9 to curl and browsers
+    assert json.loads(body)["error"]
     assert server.call("GET", "/healthz")[0] == 200
 
 
@@ -1276,6 +1292,11 @@ def test_answers_labels_and_open_pairs_export_as_json_lines_csv_and_a_crowd_task
     assert json.loads(rows[0]["metadata"]) == {"left_true_return": 1.5}
     status, text = download(server, "/api/export?what=pairs&format=tsv&experiment=exp")
     assert text.splitlines() == ["INPUT:video1\tINPUT:video2", f"{server.url}/clips/p2-l\t{server.url}/clips/p2-r"]
+    status, text = download(server, "/api/export?what=pairs&format=tsv&base=https://labels.example.org/")
+    assert text.splitlines()[1] == "https://labels.example.org/clips/p2-l\thttps://labels.example.org/clips/p2-r"
+    for base in ["labels.example.org", "https://x.org/\tq1-l", "https://x.org/\nq1-l\tq1-r"]:  # a tab or line: a row
+        status, text = download(server, "/api/export?what=pairs&format=tsv&base=" + urllib.parse.quote(base))
+        assert status == 400 and "base" in json.loads(text)["error"], (base, status, text)
 
     assert download(server, "/api/export?what=labels", token="wrong")[0] == 401
     assert download(server, "/api/export?what=votes")[0] == 400
@@ -1324,6 +1345,8 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
     assert server.call("GET", "/api/pairs/p3")[1]["answers"] == []
     status, reply = import_tsv(server, "video1\tvideo2\tresult\np3-l\tp3-r\tleft\n")
     assert status == 400 and "INPUT:video1" in reply["error"]
+    status, reply = import_tsv(server, CROWD_HEADER)  # a header and no rows: nothing to record, said so
+    assert (status, reply["rows"], reply["recorded"]) == (200, 0, 0), reply
     # files Python's csv module cannot read: lines ended by CR alone (old spreadsheets), a field over its size limit
     for unreadable in [bad.replace("\n", "\r"), CROWD_HEADER + "p3-l\tp3-r\tleft\t" + "w" * 200_000 + "\n"]:
         status, reply = import_tsv(server, unreadable)
