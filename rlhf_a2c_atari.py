@@ -316,8 +316,20 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --num-envs, --num-steps, --total-timesteps, --log-every, --checkpoint-every must be positive")
     if args.reward_norm_window < 1 or not args.reward_std > 0:
         raise SystemExit("error: --reward-norm-window and --reward-std must be positive")
-    if not (args.reward_lr > 0 and args.learning_rate > 0):
-        raise SystemExit("error: --reward-lr and --learning-rate must be positive")
+    not_numbers = [f"--{name.replace('_', '-')}" for name, value in vars(args).items() if value != value]  # nan only
+    if not_numbers:
+        raise SystemExit(f"error: {', '.join(not_numbers)} must be a number, not nan")
+    if args.threads < 0 or not 0 <= args.seed < 2**32 or args.noop_max < 0:
+        raise SystemExit(
+            f"error: --threads and --noop-max must be 0 or more and --seed in [0, 2**32 - 1] (got {args.threads}, "
+            f"{args.noop_max}, {args.seed})"
+        )
+    if not (0 < args.reward_lr < math.inf and 0 < args.learning_rate < math.inf):
+        raise SystemExit("error: --reward-lr and --learning-rate must be positive finite numbers")
+    if not (0 <= args.gamma <= 1 and args.max_grad_norm > 0):
+        raise SystemExit("error: --gamma must be in [0, 1] and --max-grad-norm positive")
+    if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
+        raise SystemExit("error: --label-server and --label-token are for --feedback human")
     if args.round_steps < 1 or args.round_steps % args.num_steps:
         raise SystemExit(
             f"error: --round-steps {args.round_steps} must be a positive multiple of --num-steps {args.num_steps}"
@@ -1363,20 +1375,38 @@ def load_checkpoint(run_dir):
     path = os.path.join(run_dir, "checkpoint.pt")
     if not os.path.isfile(path):
         raise SystemExit(f"error: no checkpoint at {path} (was the run started with --save-model?)")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # cut short (a full disk), empty, or not a checkpoint: RuntimeError, EOFError, ...
+        raise SystemExit(f"error: cannot read {path} ({type(error).__name__}: {error})") from None
 
 
 def resumed_args(args: Args, checkpoint) -> Args:
     """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes
-    from this command line."""
+    from this command line. Any other flag given that differs from the run's own is refused, not dropped, and so is a
+    checkpoint with settings this script does not have (another script's run)."""
+    from_command_line = ("resume", "eval_only", "eval_episodes")
     saved = dict(checkpoint["args"])
     if saved.pop("frozen_reward", None) is not None and not args.eval_only:
         raise SystemExit(
             f"error: {args.resume} ran with --frozen-reward, which this version no longer has: continue it with "
             "rlhf_a2c_atari.py of commit f15fb44"
         )
-    resume_overrides = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
-    return Args(**{**saved, **resume_overrides})
+    unknown = sorted(set(saved) - set(vars(args)))
+    if unknown:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
+        raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
+    defaults = vars(Args())
+    for name, value in vars(args).items():
+        if name not in from_command_line and value != defaults[name] and value != saved.get(name, defaults[name]):
+            flag = f"--{name.replace('_', '-')}"
+            raise SystemExit(
+                f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
+                f"its settings (start a new run to change {flag})"
+            )
+    if args.eval_only and args.eval_episodes < 1:
+        raise SystemExit("error: --eval-only needs --eval-episodes 1 or more")
+    return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
 
 
 def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_training=None, policy_normalizer=None):

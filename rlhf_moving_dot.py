@@ -296,8 +296,17 @@ def validate_args(args: Args) -> None:
             "error: --offline labels every pair before RL; a skipping teacher would leave pairs to be asked again during "
             "RL, of the RL policy's segments, into the database: drop --teacher-skip-threshold"
         )
-    if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
-        raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
+    not_numbers = [f"--{name.replace('_', '-')}" for name, value in vars(args).items() if value != value]  # nan only
+    if not_numbers:
+        raise SystemExit(f"error: {', '.join(not_numbers)} must be a number, not nan")
+    if args.threads < 1 or not 0 <= args.seed < 2**32:
+        raise SystemExit(f"error: --threads must be positive and --seed in [0, 2**32 - 1] (got {args.threads}, {args.seed})")
+    if not 0 < args.learning_rate < math.inf or min(args.checkpoint_every, args.eval_episodes) < 1:
+        raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
+        raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
+    if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
+        raise SystemExit("error: --label-server and --label-token are for --feedback human")
     if args.feedback == "true-reward":
         return
     if args.feedback == "human":
@@ -316,9 +325,10 @@ def validate_args(args: Args) -> None:
     if not args.teacher_equal_margin >= 0:
         raise SystemExit("error: --teacher-equal-margin must be at least 0 (0: exact ties only)")
     reward_step_counts = (args.reward_batch_size, args.reward_updates, args.reward_eval_every)
-    if not (args.reward_std > 0 and args.reward_lr > 0) or min(reward_step_counts) < 1:
+    if not (0 < args.reward_std < math.inf and 0 < args.reward_lr < math.inf) or min(reward_step_counts) < 1:
         raise SystemExit(
-            "error: --reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be positive"
+            "error: --reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval-every "
+            "must be positive"
         )
     if not 1 <= args.segment_len <= args.num_steps:
         raise SystemExit(
@@ -1493,7 +1503,31 @@ def load_checkpoint(run_dir):
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     if not os.path.isfile(checkpoint_path):
         raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
-    return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    except Exception as error:  # cut short (a full disk), empty, or not a checkpoint: RuntimeError, EOFError, ...
+        raise SystemExit(f"error: cannot read {checkpoint_path} ({type(error).__name__}: {error})") from None
+
+
+def resumed_args(args, checkpoint):
+    """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
+    --eval-only, --eval-episodes). Any other flag given that differs from the run's own is refused, not dropped, and
+    so is a checkpoint with settings this script does not have (another script's run)."""
+    from_command_line = ("resume", "eval_only", "eval_episodes")
+    saved = {"reward_form": "action", **checkpoint["args"]}  # saved before --reward-form: r(o, a)
+    unknown = sorted(set(saved) - set(vars(args)))
+    if unknown:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
+        raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
+    defaults = vars(Args())
+    for name, value in vars(args).items():
+        if name not in from_command_line and value != defaults[name] and value != saved.get(name, defaults[name]):
+            flag = f"--{name.replace('_', '-')}"
+            raise SystemExit(
+                f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
+                f"its settings (start a new run to change {flag})"
+            )
+    return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
 
 
 def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng):
@@ -1552,13 +1586,13 @@ def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
-    if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
-        resume_overrides = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes")}
-        saved_args = {"reward_form": "action", **checkpoint["args"]}  # saved before --reward-form: r(o, a)
-        args = Args(**{**saved_args, **resume_overrides})
+    if checkpoint is not None:
+        args = resumed_args(args, checkpoint)
     if args.eval_only:
-        if checkpoint is None:
-            raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
+        if checkpoint is None or args.eval_episodes < 1:
+            raise SystemExit(
+                "error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model) and --eval-episodes 1 or more"
+            )
         checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
         returns = evaluate(checkpoint_path, args.observation, args.episode_steps, args.eval_episodes, args.seed)
         print(f"eval: {len(returns)} episodes of MovingDot-v0: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")

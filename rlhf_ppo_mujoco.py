@@ -255,8 +255,17 @@ def validate_args(args: Args) -> None:
             raise SystemExit("error: --clip-size must be in [16, 1024] and --clip-fps in [1, 240]")
     if args.capture_video or args.feedback == "human":
         check_rendering(args.env, env_kwargs)
-    if not args.learning_rate > 0 or min(args.checkpoint_every, args.eval_episodes) < 1:
-        raise SystemExit("error: --learning-rate, --checkpoint-every and --eval-episodes must be positive")
+    not_numbers = [f"--{name.replace('_', '-')}" for name, value in vars(args).items() if value != value]  # nan only
+    if not_numbers:
+        raise SystemExit(f"error: {', '.join(not_numbers)} must be a number, not nan")
+    if args.threads < 1 or not 0 <= args.seed < 2**32:
+        raise SystemExit(f"error: --threads must be positive and --seed in [0, 2**32 - 1] (got {args.threads}, {args.seed})")
+    if not 0 < args.learning_rate < math.inf or min(args.checkpoint_every, args.eval_episodes) < 1:
+        raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
+        raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
+    if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
+        raise SystemExit("error: --label-server and --label-token are for --feedback human")
     ent_coefs = (args.ent_coef, 0.0 if args.ent_coef_final is None else args.ent_coef_final)
     if not all(math.isfinite(coef) for coef in ent_coefs):
         raise SystemExit("error: --ent-coef and --ent-coef-final must be finite numbers")
@@ -273,9 +282,10 @@ def validate_args(args: Args) -> None:
     if not args.teacher_equal_margin >= 0:
         raise SystemExit("error: --teacher-equal-margin must be at least 0 (0: exact ties only)")
     reward_step_counts = (args.reward_batch_size, args.reward_updates, args.reward_eval_every)
-    if not (args.reward_std > 0 and args.reward_lr > 0) or min(reward_step_counts) < 1:
+    if not (0 < args.reward_std < math.inf and 0 < args.reward_lr < math.inf) or min(reward_step_counts) < 1:
         raise SystemExit(
-            "error: --reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be positive"
+            "error: --reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval-every "
+            "must be positive"
         )
     if not 2 <= args.segment_len <= args.num_steps:
         raise SystemExit(
@@ -1465,7 +1475,33 @@ def load_checkpoint(run_dir):
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     if not os.path.isfile(checkpoint_path):
         raise SystemExit(f"error: no checkpoint at {checkpoint_path} (was the run started with --save-model?)")
-    return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    except Exception as error:  # cut short (a full disk), empty, or not a checkpoint: RuntimeError, EOFError, ...
+        raise SystemExit(f"error: cannot read {checkpoint_path} ({type(error).__name__}: {error})") from None
+
+
+def resumed_args(args, checkpoint):
+    """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
+    --eval-only, --eval-episodes, the video flags), and where its label server is now (--label-server, --label-token,
+    when given). Any other flag given that differs from the run's own is refused, not dropped, and so is a checkpoint
+    with settings this script does not have (another script's run)."""
+    from_command_line = ("resume", "eval_only", "eval_episodes", "capture_video", "video_format", "video_seconds")
+    saved = {"reward_input_norm": False, **checkpoint["args"]}  # saved before the flag: its reward model reads raw inputs
+    unknown = sorted(set(saved) - set(vars(args)))
+    if unknown:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
+        raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
+    defaults = vars(Args())
+    given = {name: value for name, value in vars(args).items() if value != defaults[name]}
+    for name, value in given.items():
+        if name not in from_command_line + ("label_server", "label_token") and value != saved.get(name, defaults[name]):
+            flag = f"--{name.replace('_', '-')}"
+            raise SystemExit(
+                f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
+                f"its settings (start a new run to change {flag})"
+            )
+    return Args(**{**saved, **given, **{name: getattr(args, name) for name in from_command_line}})
 
 
 def restore_checkpoint(checkpoint, agent, optimizer, obs_rms, return_rms, reward_training):
@@ -1588,14 +1624,13 @@ def evaluate(checkpoint_path, args, video_dir=None):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
-    if checkpoint is not None:  # a resumed run keeps its own settings; only what to do with it comes from this command line
-        watch = ("capture_video", "video_format", "video_seconds")
-        command_line = {k: getattr(args, k) for k in ("resume", "eval_only", "eval_episodes") + watch}
-        checkpoint["args"].setdefault("reward_input_norm", False)  # saved before the flag: its reward model reads raw inputs
-        args = Args(**{**checkpoint["args"], **command_line})
+    if checkpoint is not None:
+        args = resumed_args(args, checkpoint)
     if args.eval_only:
-        if checkpoint is None:
-            raise SystemExit("error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model)")
+        if checkpoint is None or args.eval_episodes < 1:
+            raise SystemExit(
+                "error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model) and --eval-episodes 1 or more"
+            )
         video_dir = f"{args.resume}/eval" if args.capture_video else None  # Infrastructure: clips in runs/NAME/eval/videos
         returns, behaviour_scores = evaluate(f"{args.resume}/checkpoint.pt", args, video_dir)
         print(f"eval: {len(returns)} episodes of {args.env}: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")

@@ -84,6 +84,35 @@ def assert_clear_error(result, message):
     assert "Traceback" not in result.stderr
 
 
+def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, foreign_setting):
+    """--resume with the script of `module` as it cannot be done: a flag that differs from the run's own (was silently
+    dropped: a finished run "extended" with --total-timesteps ended at once, exit 0), --eval-episodes 0 with
+    --eval-only, a checkpoint of another script (the run's settings plus `foreign_setting`, which only that script has)
+    and one cut short (tracebacks). Each stops with a clear error, and no file is written or changed. The run's own
+    settings given again (what a sweep sends) and what may change are taken."""
+    saved = vars(module.Args(total_timesteps=1000000, save_model=True))
+    runs = {"own": {"args": saved}, "other": {"args": {**saved, foreign_setting: 10}}, "cut": None}
+    for name, checkpoint in runs.items():
+        (cwd / name).mkdir()
+        if checkpoint is None:
+            (cwd / name / "checkpoint.pt").write_bytes(b"PK\x03\x04" + b"\0" * 20)  # a zip's start, then nothing
+        else:
+            torch.save(checkpoint, cwd / name / "checkpoint.pt")
+    files_before = {path: path.read_bytes() for path in cwd.rglob("*") if path.is_file()}
+    for args, message in [
+        ("--resume own --total-timesteps 2000000", "--total-timesteps 2000000 differs from the run's own 1000000"),
+        ("--resume own --seed 7", "--seed 7 differs from the run's own 1"),
+        ("--resume own --eval-only --eval-episodes 0", "--eval-only needs"),
+        ("--resume other", f"other is not a run of this script (its settings have --{foreign_setting.replace('_', '-')})"),
+        ("--resume cut", "error: cannot read cut/checkpoint.pt"),
+    ]:
+        assert_clear_error(run_script(cwd, args, timeout=120, script=Path(module.__file__)), message)
+    assert {path: path.read_bytes() for path in cwd.rglob("*") if path.is_file()} == files_before
+    again = module.Args(resume="own", total_timesteps=1000000, eval_only=True, eval_episodes=3)
+    resumed = module.resumed_args(again, {"args": saved})
+    assert (resumed.total_timesteps, resumed.save_model, resumed.eval_only, resumed.eval_episodes) == (1000000, True, True, 3)
+
+
 def assert_answers_follow_true_returns(labels):
     """Every strict answer in a saved labels.npz prefers the segment with more true reward (the synthetic teacher)."""
     true_returns = labels["true_reward"].sum(-1)

@@ -26,6 +26,7 @@ from helpers import (
     assert_tags,
     assert_clear_error,
     assert_predicted_returns_are_of_whole_episodes,
+    assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -777,6 +778,10 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
     assert_clear_error(run_atari(tmp_path, args, timeout=120), message)
 
 
+def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    assert_resumes_it_cannot_do_are_refused_and_change_nothing(tmp_path, atari, "env_kwargs")  # a MuJoCo setting
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -791,7 +796,14 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
         ({"total_timesteps": 25760}, "reaches no label round after the 25600 pretraining steps"),
         ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),
         ({"reward_norm_window": 0}, "--reward-norm-window and --reward-std must be positive"),
-        ({"schedule_horizon": float("nan")}, "--schedule-horizon must be a positive number of steps"),
+        ({"schedule_horizon": float("nan")}, "--schedule-horizon must be a number, not nan"),
+        ({"gamma": float("nan"), "rmsprop_alpha": float("nan")}, "--gamma, --rmsprop-alpha must be a number, not nan"),
+        ({"gamma": 1.5}, "--gamma must be in [0, 1] and --max-grad-norm positive"),
+        ({"learning_rate": float("inf")}, "--reward-lr and --learning-rate must be positive finite numbers"),
+        ({"threads": -1}, "--threads and --noop-max must be 0 or more and --seed in [0, 2**32 - 1] (got -1, 30, 1)"),
+        ({"noop_max": -1}, "--threads and --noop-max must be 0 or more and --seed in [0, 2**32 - 1] (got 0, -1, 1)"),
+        ({"seed": -1}, "--threads and --noop-max must be 0 or more and --seed in [0, 2**32 - 1] (got 0, 30, -1)"),
+        ({"label_token": "s3cret"}, "--label-server and --label-token are for --feedback human"),
         ({"teacher_beta": 0.0}, "--teacher-beta must be positive"),
         ({"teacher_equal_margin": -0.5}, "--teacher-equal-margin must be at least 0"),
         ({"reward_lr": 0.0}, "--reward-lr and --learning-rate must be positive"),
@@ -805,8 +817,10 @@ def test_impossible_settings_are_refused_with_a_message(settings, message):
 
 def test_a_resumed_run_keeps_its_own_settings_and_a_frozen_reward_run_of_an_older_version_is_refused():
     saved = vars(atari.Args(seed=7, labels=40))
-    args = atari.resumed_args(atari.Args(resume="runs/a", seed=3, labels=10, eval_episodes=2), {"args": saved})
+    args = atari.resumed_args(atari.Args(resume="runs/a", eval_episodes=2), {"args": saved})
     assert (args.seed, args.labels, args.resume, args.eval_episodes) == (7, 40, "runs/a", 2)
+    with pytest.raises(SystemExit, match="--seed 3 differs from the run's own 7"):  # was dropped without a word
+        atari.resumed_args(atari.Args(resume="runs/a", seed=3, labels=40), {"args": saved})
     old = {"args": {**saved, "frozen_reward": None}}  # a checkpoint of a version that had --frozen-reward
     assert atari.resumed_args(atari.Args(resume="runs/a"), old).seed == 7
     frozen = {"args": {**saved, "frozen_reward": "runs/b"}}

@@ -31,6 +31,7 @@ from helpers import (
     assert_answers_follow_true_returns,
     assert_clear_error,
     assert_predicted_returns_are_of_whole_episodes,
+    assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -812,9 +813,16 @@ BAD_NUMBERS = [
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--teacher-beta -1", "--teacher-beta must be positive"),
     ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
-    ("--reward-std -1", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
-    ("--reward-batch-size 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every"),
-    ("--checkpoint-every 0", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
+    ("--reward-std -1", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
+    ("--reward-lr inf", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
+    ("--reward-batch-size 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward"),
+    ("--checkpoint-every 0", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
+    ("--learning-rate inf", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
+    ("--feedback true-reward --gamma nan", "--gamma must be a number, not nan"),  # passed every check; nan weights then
+    ("--threads 0", "--threads must be positive and --seed in [0, 2**32 - 1] (got 0, 1)"),  # tracebacks, both
+    ("--seed -1", "--threads must be positive and --seed in [0, 2**32 - 1] (got 1, -1)"),
+    ("--gae-lambda 2", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
+    ("--label-token s3cret", "--label-server and --label-token are for --feedback human"),  # the synthetic teacher answered
     ("--segment-len 200 --episode-steps 100 --num-steps 256", "--segment-len 200 is longer than an episode"),  # was mid-run
 ]
 
@@ -835,6 +843,10 @@ def test_validate_args_rejects_impossible_settings_with_a_message(args, message)
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_dot(tmp_path, args, timeout=120), message)
+
+
+def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    assert_resumes_it_cannot_do_are_refused_and_change_nothing(tmp_path, dot, "env_kwargs")  # a MuJoCo setting
 
 
 # ---------------------------------------------------------------------------------------------------------------------

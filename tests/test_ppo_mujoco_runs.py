@@ -18,6 +18,7 @@ from helpers import (
     assert_answers_follow_true_returns,
     assert_clear_error,
     assert_predicted_returns_are_of_whole_episodes,
+    assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -278,16 +279,28 @@ BAD_SETTINGS = [
 BAD_NUMBERS = [
     ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining and no input norm
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
-    ("--schedule-horizon nan", "--schedule-horizon must be a positive number of steps"),
+    ("--schedule-horizon nan", "--schedule-horizon must be a number, not nan"),
     ("--teacher-beta 0", "--teacher-beta must be positive"),
     ("--reward-dropout 1", "--reward-dropout must be in [0, 1)"),
     ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
-    ("--reward-std -1", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
-    ("--reward-updates 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every must be"),
-    ("--reward-eval-every 0", "--reward-std, --reward-lr, --reward-batch-size, --reward-updates and --reward-eval-every"),
-    ("--checkpoint-every 0", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
-    ("--learning-rate -1", "--learning-rate, --checkpoint-every and --eval-episodes must be positive"),
-    ("--feedback true-reward --ent-coef-final nan", "--ent-coef and --ent-coef-final must be finite numbers"),
+    ("--reward-std -1", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
+    ("--reward-lr inf", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
+    ("--reward-updates 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward"),
+    ("--reward-eval-every 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and"),
+    ("--checkpoint-every 0", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
+    ("--learning-rate -1", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
+    ("--learning-rate inf", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
+    ("--feedback true-reward --ent-coef-final inf", "--ent-coef and --ent-coef-final must be finite numbers"),
+    # a nan passes every comparison it is not written against; torch or gymnasium stopped these with a traceback
+    ("--feedback true-reward --gamma nan", "--gamma must be a number, not nan"),
+    ("--vf-coef nan --target-kl nan", "--vf-coef, --target-kl must be a number, not nan"),
+    ("--threads 0", "--threads must be positive and --seed in [0, 2**32 - 1] (got 0, 1)"),
+    ("--seed -1", "--threads must be positive and --seed in [0, 2**32 - 1] (got 1, -1)"),
+    ("--gamma 1.5", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
+    ("--clip-coef -1", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
+    # the synthetic teacher would answer, and the server named never see a pair
+    ("--label-token s3cret", "--label-server and --label-token are for --feedback human"),
+    ("--feedback true-reward --label-server http://10.0.0.5:8000", "--label-server and --label-token are for --feedback"),
 ]
 
 
@@ -312,6 +325,15 @@ def test_impossible_settings_are_refused_with_a_message(args, message):
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
+
+
+def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    assert_resumes_it_cannot_do_are_refused_and_change_nothing(tmp_path, rl, "log_every")  # an Atari setting
+    # a human-feedback run whose label server has moved: the new address when given, the run's own when not
+    human = {"args": vars(rl.Args(feedback="human", label_server="http://127.0.0.1:8001"))}
+    moved = rl.resumed_args(rl.Args(resume="own", label_server="http://10.0.0.5:8000", label_token="t"), human)
+    assert (moved.label_server, moved.label_token) == ("http://10.0.0.5:8000", "t")
+    assert rl.resumed_args(rl.Args(resume="own"), human).label_server == "http://127.0.0.1:8001"
 
 
 @pytest.mark.slow
