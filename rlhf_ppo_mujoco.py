@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
+from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 from torch.distributions.normal import Normal
 from torch.utils.tensorboard import SummaryWriter
 
@@ -209,6 +210,8 @@ def fill_runtime_fields(args: Args) -> None:
 def validate_args(args: Args) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created. Expects the run-time
     fields (fill_runtime_fields); changes nothing."""
+    if "ALE/" in args.env or "NoFrameskip" in args.env:
+        raise SystemExit(f"error: {args.env} is an Atari game: rlhf_a2c_atari.py trains on those")
     if args.env not in gym.registry:
         close = difflib.get_close_matches(args.env, list(gym.registry), n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
@@ -222,13 +225,18 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --env-kwargs must be a JSON object, e.g. {example} (got {args.env_kwargs})")
     try:
         probe = gym.make(args.env, **env_kwargs)
+        probe.reset(seed=0)
+        probe.step(probe.action_space.sample())  # a keyword of the wrong type fails here, not at the run's first step
     except Exception as error:  # e.g. a registered id whose simulator is not installed, or a keyword it does not take
         raise SystemExit(f"error: cannot create {args.env} with --env-kwargs {args.env_kwargs}: {error}") from None
     continuous = isinstance(probe.action_space, gym.spaces.Box) and len(probe.observation_space.shape) == 1
+    mujoco_task = isinstance(probe.unwrapped, MujocoEnv)  # the human teacher and --capture-video render its simulator
     obs_shape = probe.observation_space.shape
     probe.close()
     if not continuous:
         raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
+    if not mujoco_task:
+        raise SystemExit(f"error: {args.env} is not a MuJoCo task (this script reads and renders MuJoCo's simulator)")
     if args.num_iterations <= args.pretrain_iterations:
         raise SystemExit(
             f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations} "

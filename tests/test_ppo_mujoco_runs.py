@@ -271,6 +271,9 @@ BAD_SETTINGS = [
     ("--env CartPole-v1", "is not a MuJoCo-style task"),
     ("--env-kwargs ctrl_cost_weight=0", "--env-kwargs must be a JSON object"),
     ('--env-kwargs {"no_such_keyword":1}', "cannot create Hopper-v4 with --env-kwargs"),
+    ('--env-kwargs {"ctrl_cost_weight":"abc"}', "cannot create Hopper-v4 with --env-kwargs"),  # failed at the first step
+    ("--env Pendulum-v1", "Pendulum-v1 is not a MuJoCo task"),  # vectors and continuous actions, no simulator to render
+    ("--env PongNoFrameskip-v4", "an Atari game: rlhf_a2c_atari.py trains on those"),
 ]
 
 
