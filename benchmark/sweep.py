@@ -79,18 +79,38 @@ def load_grid(path):
         grid = json.loads(text)
     except (OSError, json.JSONDecodeError) as error:
         raise SystemExit(f"error: cannot read the grid {path}: {error}") from None
+    if not isinstance(grid, dict):
+        raise SystemExit(f"error: the grid {path} must be a JSON object (see benchmark/sweep.py's docstring)")
     grid["text"] = text  # what frozen_grid copies: the file as these runs were read from it
     for key in ("script", "envs", "feedback"):
         if key not in grid:
             raise SystemExit(f"error: the grid {path} has no '{key}' (see benchmark/sweep.py's docstring)")
+    envs, feedbacks = grid["envs"], grid["feedback"]
+    if not (isinstance(envs, dict) and all(isinstance(v, dict) or v is None for v in envs.values())):
+        raise SystemExit(f"error: the grid {path}'s 'envs' must map each env id to its settings (an object), not {envs!r}")
+    if not isinstance(feedbacks, list):
+        raise SystemExit(f"error: the grid {path}'s 'feedback' must be a list, e.g. [\"true\", 700], not {feedbacks!r}")
+    steps = [setting["steps"] for setting in [grid, *[v or {} for v in envs.values()]] if "steps" in setting]
+    for value in steps:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SystemExit(f"error: the grid {path}'s 'steps' must be a positive whole number, not {value!r}")
     if not (ROOT / grid["script"]).is_file():
         raise SystemExit(f"error: the grid {path} names a script that is not in {ROOT}: {grid['script']}")
     if not isinstance(grid.get("note", ""), str):
         raise SystemExit(f"error: the grid {path}'s note must be a string (written above the report's table)")
     for feedback in grid["feedback"]:
-        if feedback != "true" and not (isinstance(feedback, int) and feedback > 0):
+        if feedback != "true" and not (isinstance(feedback, int) and not isinstance(feedback, bool) and feedback > 0):
             raise SystemExit(f'error: feedback must be "true" or a positive number of labels, not {feedback!r}')
     grid["runs"] = []
+    flags = {"": grid.get("flags", "")} | {env: (overrides or {}).get("flags", "") for env, overrides in envs.items()}
+    for env, value in flags.items():
+        which = f"{env} flags" if env else "flags"
+        if not isinstance(value, str):
+            raise SystemExit(f"error: the grid {path}'s {which} must be a string of command-line flags, not {value!r}")
+        try:
+            shlex.split(value)
+        except ValueError as error:
+            raise SystemExit(f"error: the grid {path}'s {which} cannot be split into arguments ({error})") from None
     for env, overrides in grid["envs"].items():
         setting = {**grid, **(overrides or {})}
         seeds, seeds_by_feedback = setting.get("seeds", [1, 2, 3]), setting.get("seeds_by_feedback", {})

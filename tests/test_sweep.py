@@ -371,6 +371,15 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
         ({"seeds": 3}, "seeds must be a list of whole numbers, not 3"),
         ({"seeds_by_feedback": [1, 2]}, 'seeds_by_feedback must map feedback ("true", "350", ...) to lists of seeds'),
         ({"seeds_by_feedback": {"30": ["1"]}}, "seeds must be a list of whole numbers, not ['1']"),
+        # each a traceback, or runs with flags no script takes ("--labels True", "--total-timesteps 1000000.0")
+        ({"envs": ["position"]}, "'envs' must map each env id to its settings (an object), not ['position']"),
+        ({"envs": {"position": [1]}}, "'envs' must map each env id to its settings (an object)"),
+        ({"feedback": 30}, "'feedback' must be a list"),
+        ({"feedback": ["true", True]}, 'feedback must be "true" or a positive number of labels, not True'),
+        ({"steps": 1e6}, "'steps' must be a positive whole number, not 1000000.0"),
+        ({"flags": ["--x"]}, "flags must be a string of command-line flags, not ['--x']"),
+        ({"flags": "--instruction 'unclosed"}, "flags cannot be split into arguments (No closing quotation)"),
+        ({"envs": {"position": {"flags": "--a 'b"}}}, "flags cannot be split into arguments (No closing quotation)"),
     ],
 )
 def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, message):
