@@ -291,6 +291,14 @@ def validate_args(args: Args) -> None:
         raise SystemExit("error: --offline labels its database with the synthetic teacher; use it with --feedback synthetic")
     if args.preference_db and not args.offline:
         raise SystemExit("error: --preference-db is the database of --offline; add --offline")
+    if args.preference_db:
+        folder = os.path.dirname(args.preference_db)
+        if folder and not os.path.isdir(folder):
+            raise SystemExit(f"error: --preference-db {args.preference_db}: no folder {folder}")
+        if os.path.isfile(args.preference_db) and os.path.getsize(args.preference_db):  # an empty file becomes one
+            with open(args.preference_db, "rb") as database:
+                if database.read(16) != b"SQLite format 3\x00":
+                    raise SystemExit(f"error: --preference-db {args.preference_db} is not an SQLite database")
     if args.offline and args.teacher_skip_threshold > float("-inf"):
         raise SystemExit(
             "error: --offline labels every pair before RL; a skipping teacher would leave pairs to be asked again during "

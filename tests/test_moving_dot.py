@@ -824,6 +824,9 @@ BAD_NUMBERS = [
     ("--gae-lambda 2", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
     ("--label-token s3cret", "--label-server and --label-token are for --feedback human"),  # the synthetic teacher answered
     ("--segment-len 200 --episode-steps 100 --num-steps 256", "--segment-len 200 is longer than an episode"),  # was mid-run
+    # tracebacks from sqlite3 once the run had begun
+    ("--offline --preference-db no/such/folder/p.sqlite", "--preference-db no/such/folder/p.sqlite: no folder no/such/folder"),
+    (f"--offline --preference-db {SCRIPT}", f"--preference-db {SCRIPT} is not an SQLite database"),
 ]
 
 
