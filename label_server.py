@@ -825,8 +825,9 @@ def make_handler(store, args, rater_of_key=None):
                 self.close_connection = True
                 # what the client still sends of it (all it will send, if its length is unknown) is the server's main
                 # thread's to drop, after this reply: closed with bytes unread, the connection would be reset
-                unknown = length is None
-                self.body_left_unread = MAX_DROPPED if unknown else min(MAX_DROPPED, max(0, length - len(self.rfile.unread)))
+                self.body_left_unread = (
+                    MAX_DROPPED if length is None else min(MAX_DROPPED, max(0, length - len(self.rfile.unread)))
+                )
             elif length:
                 self.rfile.read(length)
 
