@@ -1493,7 +1493,8 @@ def resumed_args(args, checkpoint):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
     --eval-only, --eval-episodes, the video flags), and where its label server is now (--label-server, --label-token,
     when given). Any other flag given that differs from the run's own is refused, not dropped, and so is a checkpoint
-    with settings this script does not have (another script's run)."""
+    with settings this script does not have (another script's run), and a labelled run's checkpoint without its labels
+    (save_labels writes them before every checkpoint)."""
     from_command_line = ("resume", "eval_only", "eval_episodes", "capture_video", "video_format", "video_seconds")
     saved = {"reward_input_norm": False, **checkpoint["args"]}  # saved before the flag: its reward model reads raw inputs
     unknown = sorted(set(saved) - set(vars(args)))
@@ -1509,6 +1510,9 @@ def resumed_args(args, checkpoint):
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
+    labels_path = os.path.join(args.resume, "labels.npz")
+    if saved["feedback"] != "true-reward" and not args.eval_only and not os.path.isfile(labels_path):
+        raise SystemExit(f"error: {args.resume} has a checkpoint but not the labels saved with it ({labels_path})")
     return Args(**{**saved, **given, **{name: getattr(args, name) for name in from_command_line}})
 
 

@@ -88,10 +88,12 @@ def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, fore
     """--resume with the script of `module` as it cannot be done: a flag that differs from the run's own (was silently
     dropped: a finished run "extended" with --total-timesteps ended at once, exit 0), --eval-episodes 0 with
     --eval-only, a checkpoint of another script (the run's settings plus `foreign_setting`, which only that script has)
-    and one cut short (tracebacks). Each stops with a clear error, and no file is written or changed. The run's own
-    settings given again (what a sweep sends) and what may change are taken."""
+    and one cut short (tracebacks), and a labelled run's checkpoint without its labels (a traceback after the run had
+    written a TensorBoard file; the Atari script went on with none). Each stops with a clear error, and no file is
+    written or changed. The run's own settings given again (what a sweep sends) and what may change are taken."""
     saved = vars(module.Args(total_timesteps=1000000, save_model=True))
     runs = {"own": {"args": saved}, "other": {"args": {**saved, foreign_setting: 10}}, "cut": None}
+    runs["unlabelled"] = {"args": saved, "reward_steps": 16}  # a reward model trained on labels that are not there
     for name, checkpoint in runs.items():
         (cwd / name).mkdir()
         if checkpoint is None:
@@ -105,6 +107,7 @@ def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, fore
         ("--resume own --eval-only --eval-episodes 0", "--eval-only needs"),
         ("--resume other", f"other is not a run of this script (its settings have --{foreign_setting.replace('_', '-')})"),
         ("--resume cut", "error: cannot read cut/checkpoint.pt"),
+        ("--resume unlabelled", "error: unlabelled has a checkpoint but not the labels saved with it"),
     ]:
         assert_clear_error(run_script(cwd, args, timeout=120, script=Path(module.__file__)), message)
     assert {path: path.read_bytes() for path in cwd.rglob("*") if path.is_file()} == files_before
