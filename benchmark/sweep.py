@@ -26,7 +26,9 @@ limit: the scripts save a checkpoint at the end of the iteration) is resumed fro
 finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on run.lock in its
 folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes
 with the settings it was started with, so a stopped run whose arguments the grid has changed since (steps, flags) is
-refused with a message, not finished at the old ones.
+refused with a message, not finished at the old ones. Before any run starts, `local` and `slurm` read each run's
+command line with its script's own checks (tyro, validate_args): a misspelt env id or flag stops the sweep with one
+message.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
@@ -140,6 +142,28 @@ def load_grid(path):
                 run = {"name": f"{env}__{mode}__{seed}", "env": env, "mode": mode, "seed": seed, "args": args}
                 grid["runs"].append(run)
     return grid
+
+
+def check_runs(grid, indices):
+    """Each run's command line read and checked by its script's own code (tyro, fill_runtime_fields, validate_args)
+    before any run starts: a misspelt env id or flag, or a value the script refuses, is one message here rather than a
+    failed run and a folder for each run of the grid (on Slurm, after a wait in the queue)."""
+    import importlib.util
+
+    import tyro
+
+    spec = importlib.util.spec_from_file_location(Path(grid["script"]).stem, ROOT / grid["script"])
+    script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (tyro reads the Args docstrings' source)
+    spec.loader.exec_module(script)
+    for i in indices:
+        run = grid["runs"][i]
+        try:
+            args = tyro.cli(script.Args, args=run["args"], prog=grid["script"])
+            script.fill_runtime_fields(args)
+            script.validate_args(args)
+        except SystemExit as stop:
+            why = stop.code.removeprefix("error: ") if isinstance(stop.code, str) else "its script's message is above"
+            raise SystemExit(f"error: run {run['name']} of the grid {grid['path']} cannot start: {why}") from None
 
 
 def sweep_folder(grid_path, out):
@@ -583,6 +607,10 @@ def main():
     options = parser.parse_args()
     if options.command == "local" and options.workers < 1:
         parser.error("--workers must be at least 1")
+    if options.command == "slurm" and options.cpus_per_task < 1:
+        parser.error("--cpus-per-task must be at least 1")
+    if options.command == "slurm" and not 0 <= options.signal_seconds <= 65535:
+        parser.error("--signal-seconds must be 0-65535 (seconds before the time limit)")
     grid = load_grid(options.grid)
     grid["path"] = options.grid
     if getattr(options, "envs", None):
@@ -612,6 +640,8 @@ def main():
         chosen = " ".join(f"--{name} {' '.join(map(str, values))}" for name, values in filters if values)
         parser.error(f"no run of the grid is {chosen}" if chosen else f"the grid {options.grid} has no runs")
     sweep_dir = sweep_folder(options.grid, options.out)
+    if options.command in ("local", "slurm"):
+        check_runs(grid, not_done(grid, sweep_dir, batch))
     if options.command == "local":
         ran_to_the_end, failed = run_local(grid, sweep_dir, options.workers, batch)
         if ran_to_the_end:

@@ -394,6 +394,45 @@ def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, mess
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["local", "slurm"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"script": "rlhf_ppo_mujoco.py", "env_flag": "--env", "envs": {"Hoper-v4": {}}, "flags": ""},
+            "unknown environment id 'Hoper-v4'",
+        ),
+        ({"flags": TINY_FLAGS + " --pretrain-epoch 5"}, "--pretrain-epoch"),  # a misspelt flag (tyro's message)
+        ({"envs": {"position": {"flags": "--gamma 2"}}}, "--gamma and --gae-lambda must be in [0, 1]"),
+    ],
+)
+def test_a_grid_whose_runs_their_script_refuses_is_refused_before_any_run_starts(tmp_path, command, change, message):
+    """Each run's command line goes through its script's own checks first: one message, not a failed run and a
+    folder for every run of the grid (before, each run failed on its own; on Slurm, after waiting in the queue)."""
+    grid, out = write_grid(tmp_path, **change), tmp_path / "out"
+    result = sweep(command, grid, "--out", out, *(["--dry-run"] if command == "slurm" else []))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert re.search(r"error: run \S+__true__1 of the grid \S+grid.json cannot start", result.stderr), result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (("--cpus-per-task", 0), "--cpus-per-task must be at least 1"),
+        (("--signal-seconds", -5), "--signal-seconds must be 0-65535"),  # (sbatch's --signal range)
+        (("--signal-seconds", 70000), "--signal-seconds must be 0-65535"),
+    ],
+)
+def test_slurm_options_sbatch_cannot_take_are_refused_before_a_batch_script_is_written(tmp_path, option, message):
+    grid, out = write_grid(tmp_path), tmp_path / "out"
+    result = sweep("slurm", grid, "--out", out, "--dry-run", *option)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert not out.exists()
+
+
 def test_a_slurm_dry_run_writes_an_array_of_the_runs_not_done(tmp_path):
     grid, out = write_grid(tmp_path, seeds=[1, 2, 3]), tmp_path / "out"
     (out / "position__true__2").mkdir(parents=True)
