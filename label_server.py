@@ -75,8 +75,10 @@ class Args:
 CHOICES = ("left", "right", "equal", "cant_tell")
 METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot, dash or underscore: never a path
-RATER_SEPARATORS = " _.@-'"
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # besides letters, digits and combining marks, in any script
+RATER_SEPARATORS = " _.@-'"  # besides letters, digits and combining marks, in any script
+RATER_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner, inside a name: Persian, Hindi, ... names as written
+RATER_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~-]+")  # what a link's ?key= carries as it is (RFC 3986's unreserved)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 # arrays and objects in each other in a request's JSON: a body nested much deeper would be read and stored, then fail to
 # be sent back (json.dumps recurses, from deeper in a worker's stack) every time the trainer asks for it
 MAX_JSON_DEPTH = 64
@@ -661,11 +663,16 @@ def require_id(value, what):
 
 def rater_name(name):
     """A rater's identity: names that differ only by case, surrounding spaces or Unicode composition are one rater
-    ("Alice ", "alice"; "José" typed either way). Letters and digits of any script, not control characters."""
+    ("Alice ", "alice"; "José" typed either way). Letters and digits of any script (and the zero-width joiners inside),
+    not control characters."""
     if isinstance(name, str):
         name = unicodedata.normalize("NFC", name.strip())
         kinds = [unicodedata.category(c)[0] for c in name]  # L letter, N number, M combining mark, C control...
-        if 0 < len(name) <= 64 and kinds[0] in "LN" and all(k in "LNM" or c in RATER_SEPARATORS for c, k in zip(name, kinds)):
+        allowed = [
+            k in "LNM" or c in RATER_SEPARATORS or (c in RATER_JOINERS and 0 < i < len(name) - 1)
+            for i, (c, k) in enumerate(zip(name, kinds))
+        ]
+        if 0 < len(name) <= 64 and kinds[0] in "LN" and all(allowed):
             return unicodedata.normalize("NFC", name.casefold())
     raise ApiError(
         HTTPStatus.BAD_REQUEST, "'rater' must be 1-64 letters, digits, spaces or _ . @ - ', starting with a letter or digit"
@@ -673,18 +680,24 @@ def rater_name(name):
 
 
 def load_rater_keys(path):
-    """{key: rater} from a file of lines `name key` (blank lines and # comments skipped); a bad line stops the server."""
+    """{key: rater} from a file of lines `name key` (blank lines skipped, and a line's words from one that starts with
+    '#'); a bad line stops the server."""
     rater_of_key, key_of_rater = {}, {}
     try:
         with open(path, encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
-                words = line.split("#")[0].split()
+                words = line.split()
+                words = words[: next((i for i, word in enumerate(words) if word.startswith("#")), len(words))]
                 if not words:
                     continue
                 where = f"{path} line {number}"
                 if len(words) < 2:
                     raise SystemExit(f"error: {where}: expected a name and a key, e.g. `alice {secrets.token_urlsafe(12)}`")
                 name, key = " ".join(words[:-1]), words[-1]
+                if not RATER_KEY_PATTERN.fullmatch(key):
+                    raise SystemExit(
+                        f"error: {where}: a key must be letters, digits, '-', '_', '.' or '~' (it is part of the rater's link)"
+                    )
                 try:
                     rater = rater_name(name)
                 except ApiError as error:
