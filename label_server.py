@@ -729,7 +729,9 @@ def make_handler(store, args, rater_of_key=None):
         def setup(self):
             super().setup()
             self.rfile.close()
-            self.rfile = RequestReader(self.received, self.connection, self.timeout)
+            # RFC 9112 2.2: one empty line before the request line is ignored (an extra CRLF after a previous body)
+            received = self.received.removeprefix(b"\r\n" if self.received.startswith(b"\r\n") else b"\n")
+            self.rfile = RequestReader(received, self.connection, self.timeout)
 
         def handle_expect_100(self):  # the standard library's "100 Continue", unless the main thread said it: once only
             return True if self.told_to_continue else super().handle_expect_100()

@@ -324,6 +324,21 @@ def test_a_broken_request_line_gets_a_status_line_and_a_json_error(label_server,
     assert server.call("GET", "/healthz")[0] == 200
 
 
+def test_an_empty_line_before_a_request_line_is_ignored(label_server):
+    """RFC 9112 2.2: a server SHOULD ignore at least one empty line before a request line (old clients end a POST body
+    with an extra CRLF, which then leads the next request on the connection). The connection was closed unanswered."""
+    server = label_server()
+    post_pair(server, "p1")
+    line, body = raw_request(server.port, b"\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    assert line.startswith("HTTP/1.1 200 ") and json.loads(body)["pairs"] == 1, (line, body)
+    label = b'{"pair_id": "p1", "rater": "ann", "choice": "left"}'
+    post = b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    post += b"Content-Length: %d\r\n\r\n%s\r\n" % (len(label), label)  # the extra CRLF after the body
+    line, body = raw_request(server.port, post + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    assert line.startswith("HTTP/1.1 201 ") and body.count(b"HTTP/1.1 200 ") == 1, (line, body)
+    assert server.call("GET", "/healthz")[1]["answers"] == 1
+
+
 @pytest.mark.parametrize(
     "path, content_type, body, declared",
     [
