@@ -77,7 +77,6 @@ METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot, dash or underscore: never a path
 RATER_SEPARATORS = " _.@-'"  # besides letters, digits and combining marks, in any script
 RATER_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner, inside a name: Persian, Hindi, ... names as written
-RATER_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~-]+")  # what a link's ?key= carries as it is (RFC 3986's unreserved)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 # arrays and objects in each other in a request's JSON: a body nested much deeper would be read and stored, then fail to
 # be sent back (json.dumps recurses, from deeper in a worker's stack) every time the trainer asks for it
@@ -694,10 +693,8 @@ def load_rater_keys(path):
                 if len(words) < 2:
                     raise SystemExit(f"error: {where}: expected a name and a key, e.g. `alice {secrets.token_urlsafe(12)}`")
                 name, key = " ".join(words[:-1]), words[-1]
-                if not RATER_KEY_PATTERN.fullmatch(key):
-                    raise SystemExit(
-                        f"error: {where}: a key must be letters, digits, '-', '_', '.' or '~' (it is part of the rater's link)"
-                    )
+                if not (key.isascii() and key.isprintable()):  # the page sends it as a request header, X-Rater-Key
+                    raise SystemExit(f"error: {where}: a key must be printable ASCII (the rater's page sends it in a header)")
                 try:
                     rater = rater_name(name)
                 except ApiError as error:

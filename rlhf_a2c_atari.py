@@ -1385,7 +1385,7 @@ def resumed_args(args: Args, checkpoint) -> Args:
     """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes
     from this command line. Any other flag given that differs from the run's own is refused, not dropped, and so is a
     checkpoint with settings this script does not have (another script's run), and a checkpoint whose reward model
-    trained on labels that are not in its labels/ folder (it would go on without them)."""
+    trained (pretraining too) on labels that are not in its labels/ folder (it would go on without them)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
     saved = dict(checkpoint["args"])
     if saved.pop("frozen_reward", None) is not None and not args.eval_only:
@@ -1408,8 +1408,10 @@ def resumed_args(args: Args, checkpoint) -> Args:
     if args.eval_only and args.eval_episodes < 1:
         raise SystemExit("error: --eval-only needs --eval-episodes 1 or more")
     labels_dir = os.path.join(args.resume, "labels")
-    saved_batches = [name for name in os.listdir(labels_dir) if name.endswith(".npz")] if os.path.isdir(labels_dir) else []
-    if checkpoint.get("reward_steps", 0) > 0 and not args.eval_only and not saved_batches:
+    in_folder = os.listdir(labels_dir) if os.path.isdir(labels_dir) else []
+    saved_batches = [name for name in in_folder if name.endswith(".npz") and not name.endswith(".tmp.npz")]  # as load_labels
+    trained = checkpoint.get("reward_steps", 0) > 0 or checkpoint.get("reward_pretrain_epochs", 0) > 0
+    if trained and not args.eval_only and not saved_batches:
         raise SystemExit(f"error: {args.resume} has a checkpoint but not the labels saved with it ({labels_dir}/)")
     return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
 

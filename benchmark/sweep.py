@@ -49,6 +49,7 @@ resumes what is left. Run `report` once the array is done.
 """
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -144,26 +145,39 @@ def load_grid(path):
     return grid
 
 
-def check_runs(grid, indices):
+def check_runs(grid, indices, sweep_dir):
     """Each run's command line read and checked by its script's own code (tyro, fill_runtime_fields, validate_args)
     before any run starts: a misspelt env id or flag, or a value the script refuses, is one message here rather than a
-    failed run and a folder for each run of the grid (on Slurm, after a wait in the queue)."""
+    failed run and a folder for each run of the grid (on Slurm, after a wait in the queue). Each is checked from its
+    run folder, where it runs (a relative path in the flags is the run folder's; a folder made for the check is
+    removed), and the environment the runs inherit is left as it was (the MuJoCo script sets MUJOCO_GL at import)."""
     import importlib.util
 
     import tyro
 
-    spec = importlib.util.spec_from_file_location(Path(grid["script"]).stem, ROOT / grid["script"])
+    environment = dict(os.environ)
+    spec = importlib.util.spec_from_file_location(f"checked_{Path(grid['script']).stem}", ROOT / grid["script"])
     script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (tyro reads the Args docstrings' source)
-    spec.loader.exec_module(script)
-    for i in indices:
-        run = grid["runs"][i]
-        try:
-            args = tyro.cli(script.Args, args=run["args"], prog=grid["script"])
-            script.fill_runtime_fields(args)
-            script.validate_args(args)
-        except SystemExit as stop:
-            why = stop.code.removeprefix("error: ") if isinstance(stop.code, str) else "its script's message is above"
-            raise SystemExit(f"error: run {run['name']} of the grid {grid['path']} cannot start: {why}") from None
+    try:
+        spec.loader.exec_module(script)
+        for i in indices:
+            run, folder = grid["runs"][i], sweep_dir / grid["runs"][i]["name"]
+            made = [path for path in (folder, *folder.parents) if not path.exists()]  # the deepest first
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                with contextlib.chdir(folder):
+                    args = tyro.cli(script.Args, args=run["args"], prog=grid["script"])
+                    script.fill_runtime_fields(args)
+                    script.validate_args(args)
+            except SystemExit as stop:
+                why = stop.code.removeprefix("error: ") if isinstance(stop.code, str) else "its script's message is above"
+                raise SystemExit(f"error: run {run['name']} of the grid {grid['path']} cannot start: {why}") from None
+            finally:
+                for path in made:
+                    path.rmdir()
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def sweep_folder(grid_path, out):
@@ -641,7 +655,7 @@ def main():
         parser.error(f"no run of the grid is {chosen}" if chosen else f"the grid {options.grid} has no runs")
     sweep_dir = sweep_folder(options.grid, options.out)
     if options.command in ("local", "slurm"):
-        check_runs(grid, not_done(grid, sweep_dir, batch))
+        check_runs(grid, not_done(grid, sweep_dir, batch), sweep_dir)
     if options.command == "local":
         ran_to_the_end, failed = run_local(grid, sweep_dir, options.workers, batch)
         if ran_to_the_end:

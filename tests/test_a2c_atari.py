@@ -829,6 +829,19 @@ def test_a_resumed_run_keeps_its_own_settings_and_a_frozen_reward_run_of_an_olde
     assert atari.resumed_args(atari.Args(resume="runs/a", eval_only=True), frozen).eval_only  # its agent still plays
 
 
+def test_a_resume_without_the_labels_its_reward_model_trained_on_is_refused(tmp_path):
+    """Also when only pretraining had run (a time limit during its epochs), and when the folder holds only a batch
+    cut short (*.tmp.npz, which load_labels skips); a run stopped before any answer (nothing trained) resumes."""
+    saved = {"args": vars(atari.Args(labels=40))}
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "0000010.npz.tmp.npz").write_bytes(b"")
+    resume = atari.Args(resume=str(tmp_path))
+    for counters in ({"reward_steps": 0, "reward_pretrain_epochs": 3}, {"reward_steps": 64, "reward_pretrain_epochs": 200}):
+        with pytest.raises(SystemExit, match="has a checkpoint but not the labels saved with it"):
+            atari.resumed_args(resume, {**saved, **counters})
+    assert atari.resumed_args(resume, {**saved, "reward_steps": 0, "reward_pretrain_epochs": 0}).labels == 40
+
+
 def test_the_first_stop_request_ends_the_run_at_the_end_of_the_iteration_and_a_second_ctrl_c_at_once():
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:

@@ -417,6 +417,38 @@ def test_a_grid_whose_runs_their_script_refuses_is_refused_before_any_run_starts
     assert not out.exists()
 
 
+def test_checking_the_runs_leaves_the_environment_they_inherit_alone(tmp_path, monkeypatch):
+    """The check imports each script, and rlhf_ppo_mujoco.py sets MUJOCO_GL=egl at import where EGL loads: the sweep's
+    tasks (and sbatch, which hands the submitting shell's environment to the jobs) inherited it, and a compute node
+    without EGL could no longer render."""
+    import sweep
+
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    grid_args = {
+        "script": "rlhf_ppo_mujoco.py",
+        "env_flag": "--env",
+        "envs": {"Hopper-v4": {}},
+        "feedback": ["true"],
+        "flags": "",
+    }
+    path = write_grid(tmp_path, 4096, **grid_args)
+    grid = sweep.load_grid(path) | {"path": str(path)}
+    environment = dict(os.environ)
+    sweep.check_runs(grid, range(len(grid["runs"])), tmp_path / "out")
+    assert dict(os.environ) == environment
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_relative_path_in_a_grid_is_checked_from_the_run_folder_where_the_run_reads_it(tmp_path):
+    """Runs start in their own folder: a database shared by the grid's runs, ../pool/prefs.sqlite, is there."""
+    out = tmp_path / "out"
+    (out / "pool").mkdir(parents=True)
+    grid = write_grid(tmp_path, feedback=[30], flags=TINY_FLAGS + " --offline --preference-db ../pool/prefs.sqlite")
+    result = sweep("slurm", grid, "--out", out, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in out.iterdir() if path.is_dir()) == ["pool"]  # no run folder made by the check
+
+
 @pytest.mark.parametrize(
     "option, message",
     [
