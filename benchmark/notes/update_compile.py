@@ -1,7 +1,8 @@
 """Issue 21: does torch.compile make PPO's update cheaper on the CPU? One process, one torch thread; the update of
 rlhf_ppo_mujoco.py's Agent as the script does it (10 epochs of 32 minibatches of 64 from 2048 steps, clipped
 policy and value losses, gradient clipping, fused Adam) on random data of Hopper's sizes, eager and compiled in turn,
-repeated; the seconds of each update after a first, warm-up one (which holds the compilation).
+repeated; the seconds of each update after a first, warm-up one (which holds the compilation). Where the optimizer
+step is compiled, Adam is not created fused (torch.compile generates its own kernel from Adam's plain form).
 
     python benchmark/notes/update_compile.py --repeats 5
 """
