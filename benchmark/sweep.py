@@ -174,7 +174,8 @@ def check_runs(grid, indices, sweep_dir):
                 raise SystemExit(f"error: run {run['name']} of the grid {grid['path']} cannot start: {why}") from None
             finally:
                 for path in made:
-                    path.rmdir()
+                    with contextlib.suppress(OSError):  # another sweep over the same folder may have filled it since
+                        path.rmdir()
     finally:
         os.environ.clear()
         os.environ.update(environment)

@@ -2,7 +2,8 @@
 flags (its own Swimmer-v4 flags past them, and the patch a diagnostic ran with), the true reward's and one label
 budget's final returns over the finished seeds (mean ± sample std, runs over --fast), and the budget's ratio to the
 true reward of the same settings ± its standard error (sweep.py's). A grid whose runs of the true reward would be
-the same code as another's takes that one's (the oracle patch changes only labelled runs: swimmer_c17_rl's).
+the same code as another's takes that one's (the oracle patch and the label schedule's horizon change only labelled
+runs: swimmer_c17_rl's).
 
 Usage (from the repository root):
   python benchmark/notes/swimmer_settings.py --mode labels1400 --fast 100
@@ -32,6 +33,7 @@ SETTINGS = [
     ("swimmer_c17_rl", None, None),
     ("swimmer_c17_ent", None, None),
     ("swimmer_c17_ent_decay", None, None),
+    ("swimmer_c17_horizon", None, "swimmer_c17_rl"),  # the label schedule only: its true-reward runs would be these
     ("swimmer_random_selection", None, None),
     ("swimmer_reward_dropout", None, None),
     ("swimmer_bound_penalty", "action_bound_penalty.patch", None),
