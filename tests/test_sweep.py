@@ -394,16 +394,17 @@ def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, mess
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", ["local", "slurm"])
 @pytest.mark.parametrize(
-    "change, message",
+    "command, change, message",
     [
         (
+            "local",
             {"script": "rlhf_ppo_mujoco.py", "env_flag": "--env", "envs": {"Hoper-v4": {}}, "flags": ""},
             "unknown environment id 'Hoper-v4'",
         ),
-        ({"flags": TINY_FLAGS + " --pretrain-epoch 5"}, "--pretrain-epoch"),  # a misspelt flag (tyro's message)
-        ({"envs": {"position": {"flags": "--gamma 2"}}}, "--gamma and --gae-lambda must be in [0, 1]"),
+        ("slurm", {"flags": TINY_FLAGS + " --pretrain-epoch 5"}, "--pretrain-epoch"),  # a misspelt flag (tyro's message)
+        ("local", {"envs": {"position": {"flags": "--gamma 2"}}}, "--gamma and --gae-lambda must be in [0, 1]"),
+        ("slurm", {"envs": {"position": {"flags": "--gamma 2"}}}, "--gamma and --gae-lambda must be in [0, 1]"),
     ],
 )
 def test_a_grid_whose_runs_their_script_refuses_is_refused_before_any_run_starts(tmp_path, command, change, message):
