@@ -1,4 +1,5 @@
 # PPO on MuJoCo from preferences (Christiano et al. 2017, "C17"): docs in README.md, results in benchmark/README.md
+import collections
 import copy
 import ctypes.util
 import difflib
@@ -133,6 +134,9 @@ class Args:
     """how pairs are chosen: highest ensemble disagreement among candidates (C17 2.2.4), or at random (ablation)"""
     candidate_multiplier: int = 10
     """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
+    pair_pool_rollouts: int = 1
+    """candidate pairs are drawn from the last this many rollouts (1: the current one; rl-teacher drew from the segments
+    of its last 200 episodes; README: departures from C17)"""
     ensemble_size: int = 3
     """number of reward predictors in the ensemble (C17: 3)"""
     reward_lr: float = 3e-4
@@ -301,8 +305,10 @@ def validate_args(args: Args) -> None:
         )
     if not 0 < args.pretrain_fraction <= 1:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
-    if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:
-        raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
+    if min(args.ensemble_size, args.candidate_multiplier, args.pretrain_epochs, args.pair_pool_rollouts) < 1:
+        raise SystemExit(
+            "error: --ensemble-size, --candidate-multiplier, --pretrain-epochs and --pair-pool-rollouts must be positive"
+        )
     if not 0 <= args.reward_dropout < 1:
         raise SystemExit("error: --reward-dropout must be in [0, 1)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
@@ -614,21 +620,22 @@ def sample_segments(rng, rollout, segment_len, count):
     obs, act, true_reward = rollout["obs"], rollout["act"], rollout["true_reward"]
     terminated, truncated = rollout["terminated"], rollout["truncated"]
     num_steps, num_envs = true_reward.shape
-    starts = np.stack(np.meshgrid(np.arange(num_steps), np.arange(num_envs), indexing="ij"), -1).reshape(-1, 2)
-    times = starts[:, :1] + np.arange(segment_len)  # (candidates, L)
-    in_range = times < num_steps
-    clipped = np.minimum(times, num_steps - 1)
-    envs = np.broadcast_to(starts[:, 1:], times.shape)
-    ended = (terminated | truncated)[clipped, envs] & in_range
-    after_end = (np.cumsum(ended, 1) - ended) > 0  # an earlier step of the segment ended the episode
-    real = ~after_end
-    truncated_inside = (truncated[clipped, envs] & ~terminated[clipped, envs] & real)[:, :-1].any(1)
-    valid = (in_range | after_end).all(1) & ~truncated_inside
+    # each step's first episode end at or after it, per environment (num_steps where the rollout has none)
+    step_index = np.arange(num_steps)[:, None]
+    end_steps = np.where(terminated | truncated, step_index, num_steps)
+    first_end = np.minimum.accumulate(end_steps[::-1], axis=0)[::-1]
+    ends_by_termination = terminated[np.minimum(first_end, num_steps - 1), np.arange(num_envs)]
+    # a start is valid if the segment reaches its last step, or a termination, before any other episode end
+    last_step = step_index + segment_len - 1
+    valid = ((first_end >= last_step) | ends_by_termination) & ((last_step < num_steps) | (first_end < num_steps))
     valid_starts = np.flatnonzero(valid)
     if len(valid_starts) == 0:
         raise RuntimeError("no valid segment in the rollout: use a shorter --segment-len")
     pick = rng.choice(valid_starts, size=count, replace=count > len(valid_starts))
-    t, e, m = clipped[pick], envs[pick], real[pick].astype(np.float32)
+    start, e = np.divmod(pick, num_envs)
+    times = start[:, None] + np.arange(segment_len)  # (count, L)
+    real = times <= first_end[start, e][:, None]  # the steps after the episode's end are absorbing steps
+    t, e, m = np.minimum(times, num_steps - 1), np.broadcast_to(e[:, None], times.shape), real.astype(np.float32)
     segments = {
         "obs": obs[t, e] * m[..., None],
         "act": act[t, e] * m[..., None],
@@ -638,6 +645,13 @@ def sample_segments(rng, rollout, segment_len, count):
     if "sim_state" in rollout:  # human feedback: the simulator state at the segment's start, to render it later
         segments["sim_state"] = rollout["sim_state"][t[:, 0], e[:, 0]]
     return segments
+
+
+def join_rollouts(pair_pool):
+    """The pair pool's rollouts side by side, as one rollout with more environments: each column stays one
+    environment's stretch of one rollout, so no segment crosses from one rollout into another."""
+    rollouts = [rollout for _, rollout in pair_pool]
+    return {key: np.concatenate([rollout[key] for rollout in rollouts], axis=1) for key in rollouts[0]}
 
 
 def index_segments(segments, idx):
@@ -1456,8 +1470,8 @@ class HumanTeacher:
 def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress):
     """Everything needed to evaluate the agent or resume the run after its last completed iteration. `progress`: that
     iteration, its step count, the observation the next step starts from, each environment's running return and its
-    episode's learned return so far."""
-    iteration, global_step, next_obs_raw, running_return, predicted_episode_return = progress
+    episode's learned return so far, the pair pool."""
+    iteration, global_step, next_obs_raw, running_return, predicted_episode_return, pair_pool = progress
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),
@@ -1474,6 +1488,7 @@ def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_tr
         "random": random_states(rng),
         "running_return": running_return,
         "predicted_episode_return": predicted_episode_return,
+        "pair_pool": [(i, rollout) for i, rollout in pair_pool if i <= iteration],  # not a stopped iteration's rollout
     }
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
@@ -1725,6 +1740,7 @@ if __name__ == "__main__":
     true_rewards = np.zeros((args.num_steps, args.num_envs), np.float32)
     sim_states = np.zeros((args.num_steps, args.num_envs) + simulator_states(envs).shape[1:])
     predicted_episode_return = np.zeros(args.num_envs)
+    pair_pool = collections.deque(maxlen=args.pair_pool_rollouts)  # RLHF: (iteration, rollout): where pairs are drawn
 
     # TRY NOT TO MODIFY: start the game
     if rlhf:
@@ -1736,6 +1752,7 @@ if __name__ == "__main__":
         restore_random_states(rng, checkpoint["random"])
         next_obs_raw, running_return[:] = checkpoint["next_obs_raw"], checkpoint["running_return"]
         predicted_episode_return[:] = checkpoint.get("predicted_episode_return", np.nan)  # NaN: not saved before
+        pair_pool.extend(checkpoint.get("pair_pool", []))
     else:
         obs_rms.update(next_obs_raw)
     next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
@@ -1746,7 +1763,7 @@ if __name__ == "__main__":
     error = None
 
     def checkpoint_now():  # Infrastructure
-        progress = (completed, completed_step, next_obs_raw, running_return, predicted_episode_return)
+        progress = (completed, completed_step, next_obs_raw, running_return, predicted_episode_return, pair_pool)
         save_checkpoint(checkpoint_path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1790,14 +1807,17 @@ if __name__ == "__main__":
         rollout_actions = np.clip(actions.cpu().numpy(), action_low, action_high)
         if rlhf:
             # RLHF: ask for the labels the schedule has due (C17 A.1). Pairs where the members disagree most (C17 2.2.4);
-            # before RL the members are untrained and their disagreement is noise: random pairs
+            # before RL the members are untrained and their disagreement is noise: random pairs. Candidates come from the
+            # pair pool: this rollout and, with --pair-pool-rollouts above 1, the ones before it
             rollout = {"obs": raw_obs, "act": rollout_actions, "true_reward": true_rewards}
             rollout |= {"terminated": terminations, "truncated": truncations}
             if args.feedback == "human":
                 rollout["sim_state"] = sim_states
+            pair_pool.append((iteration, {key: value.copy() for key, value in rollout.items()}))
             selection = "random" if pretraining else args.selection
             reward_training.finish_round()  # the round the thread ran during the last iteration: its weights score pairs
-            query_labels(rng, ensemble, teacher, buffer, rollout, int(schedule[:iteration].sum()), selection, args)
+            labels_due = int(schedule[:iteration].sum())
+            query_labels(rng, ensemble, teacher, buffer, join_rollouts(pair_pool), labels_due, selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
                     break

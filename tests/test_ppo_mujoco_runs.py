@@ -167,6 +167,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path
 @pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path):
     args = STOPPABLE + " --reward-dropout 0.5"  # the dropout masks' random stream continues too
+    args += " --pair-pool-rollouts 3"  # and the pair pool, with rollouts from before the stop
     (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
     whole = run_script(tmp_path / "whole", args, timeout=600)
     assert whole.returncode == 0, whole.stderr
@@ -192,6 +193,27 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     expected_labels, labels = np.load(whole_dir / "labels.npz"), np.load(run_dir / "labels.npz")
     for key in expected_labels:
         np.testing.assert_array_equal(labels[key], expected_labels[key], err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_pair_pool_draws_pairs_from_earlier_rollouts_too(tmp_path):
+    args = TINY + " --pair-pool-rollouts 6 --save-model"
+    result = run_script(tmp_path, args)
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    pair_pool = torch.load(run_dir / "checkpoint.pt", weights_only=False)["pair_pool"]
+    assert [iteration for iteration, _ in pair_pool] == [1, 2, 3, 4, 5, 6]  # all the run's rollouts
+    settings = tyro.cli(rl.Args, args=args.split())
+    rl.fill_runtime_fields(settings)
+    labels = np.load(run_dir / "labels.npz")
+    asked_at = 1 + np.searchsorted(np.cumsum(rl.label_schedule(settings)), np.arange(len(labels["mu"])), side="right")
+    drawn_from = []
+    for first_steps, asked in zip(labels["obs"][:, :, 0], asked_at):  # each segment's first observation
+        for first_obs in first_steps:
+            found = [i for i, rollout in pair_pool if (rollout["obs"] == first_obs).all(-1).any()]
+            assert len(found) == 1 and found[0] <= asked  # from one rollout in the pool when the pair was asked
+            drawn_from.append((found[0], asked))
+    assert sum(source < asked for source, asked in drawn_from) > len(drawn_from) / 4  # not only the rollout of its iteration
 
 
 @pytest.mark.slow
@@ -281,6 +303,7 @@ BAD_SETTINGS = [
 # pretraining); checked in this process only
 BAD_NUMBERS = [
     ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining and no input norm
+    ("--pair-pool-rollouts 0", "--pretrain-epochs and --pair-pool-rollouts must be positive"),  # was a crash at the 1st draw
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--schedule-horizon nan", "--schedule-horizon must be a number, not nan"),
     ("--teacher-beta 0", "--teacher-beta must be positive"),

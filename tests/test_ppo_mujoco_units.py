@@ -617,6 +617,26 @@ def test_segments_are_windows_of_one_episode_padded_with_absorbing_steps(rng):
             assert not done[t0[goes_on] + j, e[goes_on]].any()
 
 
+def test_segments_of_a_pair_pool_come_from_all_its_rollouts_and_never_span_two(rng):
+    length, steps, envs = 5, 30, 2
+    pair_pool = []
+    for i in range(3):  # rollout i's true rewards are its steps' codes, offset by 1000 i
+        rollout = make_rollout(rng, steps, envs, p_terminated=0.05, p_truncated=0.05)
+        rollout["true_reward"] += 1000 * i
+        pair_pool.append((i + 1, rollout))
+    segments = rl.sample_segments(rng, rl.join_rollouts(pair_pool), length, 3000)
+    real = segments["mask"] == 1
+    source, code = np.divmod(segments["true_reward"][:, 0].astype(int), 1000)
+    assert set(source.tolist()) == {0, 1, 2}
+    t0, e = np.divmod(code - 1, 10)
+    for i, (_, rollout) in enumerate(pair_pool):  # each one a valid window of its own rollout, as from that rollout alone
+        from_here = source == i
+        assert set(zip(t0[from_here].tolist(), e[from_here].tolist())) == valid_starts(rollout, length)
+        for j in range(length):
+            picked = from_here & real[:, j]
+            assert (segments["true_reward"][picked, j] == rollout["true_reward"][t0[picked] + j, e[picked]]).all()
+
+
 def test_a_rollout_without_room_for_a_segment_is_refused(rng):
     rollout = make_rollout(rng, 10, 2)
     rollout["truncated"][::2] = True  # episodes of 2 steps: no 3-step segment fits
