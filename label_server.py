@@ -721,6 +721,7 @@ def make_handler(store, args, rater_of_key=None):
             self.received = received  # what the main thread has read of the connection: the request's head at least
             self.body_left_unread = 0  # bytes of a body not read when the connection is closed (the client may still send)
             self.told_to_continue = told_to_continue  # the main thread said "100 Continue" (Expect: 100-continue)
+            self.timed_out = False  # a read or a write of this request ran past --timeout (log_error is told)
             super().__init__(request, client_address, server)
 
         def setup(self):
@@ -739,14 +740,15 @@ def make_handler(store, args, rater_of_key=None):
 
         # --- logging: one line per request on stderr (not with --quiet), written once it is answered ---
         def handle_one_request(self):
-            self.started, self.status, self.body_handled = time.monotonic(), None, False
+            self.started, self.status, self.body_handled, self.timed_out = time.monotonic(), None, False, False
             self.command, self.path = None, ""  # not the previous request's on this connection, if this one is garbage
             super().handle_one_request()
             if self.status is not None and not args.quiet:
                 # the path without its query, and never a header: the token stays out of the log
                 path = urllib.parse.urlsplit(self.path).path or "-"
                 ms = 1000 * (time.monotonic() - self.started)
-                self.log_message("%s %s %d %.1f ms", self.command or "-", path, self.status, ms)
+                cut_off = " (timed out: the reply was not delivered whole)" if self.timed_out else ""
+                self.log_message("%s %s %d %.1f ms%s", self.command or "-", path, self.status, ms, cut_off)
 
         def parse_request(self):
             self.started = time.monotonic()  # the request's time starts when it arrives, not when the connection idles
@@ -780,6 +782,7 @@ def make_handler(store, args, rater_of_key=None):
             pass
 
         def log_error(self, format, *log_args):
+            self.timed_out = self.timed_out or format.startswith("Request timed out")  # reading a request, or writing
             # browsers keep idle connections open: their timing out is routine, not an error worth a line in --quiet
             if not (args.quiet and format.startswith("Request timed out")):
                 super().log_error(format, *log_args)

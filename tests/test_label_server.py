@@ -733,6 +733,23 @@ def test_a_half_sent_request_is_disconnected_after_the_timeout_and_others_are_se
     assert server.call("GET", "/healthz")[1]["answers"] == 0  # the half-sent answers recorded nothing
 
 
+def test_a_reply_cut_off_at_the_timeout_is_logged_as_not_delivered(label_server):
+    server = label_server("--timeout", 1)
+    big = CLIP + bytes(8 * 1024 * 1024)  # more than the socket buffers on both ends hold
+    assert server.call("PUT", "/api/clips/big", raw=big)[0] == 201
+    with closing(socket.create_connection(("127.0.0.1", server.port), timeout=10)) as sock:
+        sock.sendall(b"GET /clips/big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # and never read the reply
+        log = server.log(until=" GET /clips/big ")
+    (line,) = [line for line in log.splitlines() if " GET /clips/big " in line]
+    assert line.endswith("(timed out: the reply was not delivered whole)"), line
+    assert server.call("GET", "/clips/big")[0] == 200  # a client that reads gets it whole
+    deadline = time.monotonic() + 10  # its line is written just after the reply
+    while len(lines := [line for line in server.log().splitlines() if " GET /clips/big " in line]) < 2:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    assert re.search(r" GET /clips/big 200 \d+\.\d ms$", lines[1]), lines
+
+
 def server_threads(server):
     with open(f"/proc/{server.process.pid}/status") as status:
         return int(next(line for line in status if line.startswith("Threads:")).split()[1])
