@@ -135,8 +135,8 @@ class Args:
     candidate_multiplier: int = 10
     """candidate pairs drawn per queried pair for variance-based selection (C17 A: 10x)"""
     pair_pool_rollouts: int = 1
-    """candidate pairs are drawn from the last this many rollouts (1: the current one; C17 does not say; rl-teacher drew
-    from one segment of each of its last 200 episodes)"""
+    """candidate pairs are drawn from the last this many rollouts, each kept in memory and in the checkpoint (1: the
+    current one; C17 does not say; rl-teacher drew from one segment of each of its last 200 episodes)"""
     ensemble_size: int = 3
     """number of reward predictors in the ensemble (C17: 3)"""
     reward_lr: float = 3e-4

@@ -734,10 +734,13 @@ def test_a_half_sent_request_is_disconnected_after_the_timeout_and_others_are_se
 
 
 def test_a_reply_cut_off_at_the_timeout_is_logged_as_not_delivered(label_server):
-    server = label_server("--timeout", 1)
+    server = label_server("--timeout", 2)
     big = CLIP + bytes(8 * 1024 * 1024)  # more than the socket buffers on both ends hold
     assert server.call("PUT", "/api/clips/big", raw=big)[0] == 201
-    with closing(socket.create_connection(("127.0.0.1", server.port), timeout=10)) as sock:
+    with closing(socket.socket()) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fixed small, before connecting
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", server.port))
         sock.sendall(b"GET /clips/big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # and never read the reply
         log = server.log(until=" GET /clips/big ")
     (line,) = [line for line in log.splitlines() if " GET /clips/big " in line]

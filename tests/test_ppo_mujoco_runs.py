@@ -187,6 +187,7 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     for part in ("agent", "reward_ensemble"):
         for name, tensor in expected[part].items():
             assert torch.equal(tensor, actual[part][name]), f"{part}.{name} differs after the resume"
+    assert [iteration for iteration, _ in actual["pair_pool"]] == [6, 7, 8]  # the last 3 of the run's 8 rollouts
     # the episodes under way at the stop too: each learned return sums the whole episode, as without the stop
     predicted = [[value for _, value in scalars(d)["charts/predicted_return"]] for d in (whole_dir, run_dir)]
     np.testing.assert_array_equal(predicted[1], predicted[0])
