@@ -721,7 +721,7 @@ def make_handler(store, args, rater_of_key=None):
             self.received = received  # what the main thread has read of the connection: the request's head at least
             self.body_left_unread = 0  # bytes of a body not read when the connection is closed (the client may still send)
             self.told_to_continue = told_to_continue  # the main thread said "100 Continue" (Expect: 100-continue)
-            self.timed_out = False  # a read or a write of this request ran past --timeout (log_error is told)
+            self.cut_off = None  # why this request's reply was not delivered whole (for its log line), if it was not
             super().__init__(request, client_address, server)
 
         def setup(self):
@@ -740,14 +740,14 @@ def make_handler(store, args, rater_of_key=None):
 
         # --- logging: one line per request on stderr (not with --quiet), written once it is answered ---
         def handle_one_request(self):
-            self.started, self.status, self.body_handled, self.timed_out = time.monotonic(), None, False, False
+            self.started, self.status, self.body_handled = time.monotonic(), None, False
             self.command, self.path = None, ""  # not the previous request's on this connection, if this one is garbage
             super().handle_one_request()
             if self.status is not None and not args.quiet:
                 # the path without its query, and never a header: the token stays out of the log
                 path = urllib.parse.urlsplit(self.path).path or "-"
                 ms = 1000 * (time.monotonic() - self.started)
-                cut_off = " (timed out: the reply was not delivered whole)" if self.timed_out else ""
+                cut_off = f" ({self.cut_off}: the reply was not delivered whole)" if self.cut_off else ""
                 self.log_message("%s %s %d %.1f ms%s", self.command or "-", path, self.status, ms, cut_off)
 
         def parse_request(self):
@@ -782,7 +782,8 @@ def make_handler(store, args, rater_of_key=None):
             pass
 
         def log_error(self, format, *log_args):
-            self.timed_out = self.timed_out or format.startswith("Request timed out")  # reading a request, or writing
+            if format.startswith("Request timed out"):  # the standard library's words for a read or a write
+                self.cut_off = "timed out"
             # browsers keep idle connections open: their timing out is routine, not an error worth a line in --quiet
             if not (args.quiet and format.startswith("Request timed out")):
                 super().log_error(format, *log_args)
@@ -963,7 +964,7 @@ def make_handler(store, args, rater_of_key=None):
             except TimeoutError:  # the client went silent mid-request: the standard library logs it and closes
                 raise
             except ConnectionError:  # the client went away (a video element dropping a range request): nobody to answer
-                self.close_connection = True
+                self.close_connection, self.cut_off = True, "the client closed the connection"
                 return
             except Exception:  # a bug must not take the server down: log it, report it, keep serving
                 self.log_message("internal error on %s %s, traceback follows", method, url.path)

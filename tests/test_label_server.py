@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import sqlite3
+import struct
 import threading
 import time
 import urllib.error
@@ -733,24 +734,40 @@ def test_a_half_sent_request_is_disconnected_after_the_timeout_and_others_are_se
     assert server.call("GET", "/healthz")[1]["answers"] == 0  # the half-sent answers recorded nothing
 
 
-def test_a_reply_cut_off_at_the_timeout_is_logged_as_not_delivered(label_server):
+def slow_reader(port, request):
+    """A connection that has sent `request` and has read nothing yet, its receive buffer fixed small."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting, or the kernel may grow it
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(request)
+    return sock
+
+
+def lines_of(server, request, count):
+    """The first `count` log lines of `request` ("GET /path"), once written (just after each reply)."""
+    deadline = time.monotonic() + 10
+    while len(lines := [line for line in server.log().splitlines() if f" {request} " in line]) < count:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    return lines
+
+
+def test_a_reply_not_delivered_whole_is_logged_as_such(label_server):
     server = label_server("--timeout", 2)
     big = CLIP + bytes(8 * 1024 * 1024)  # more than the socket buffers on both ends hold
     assert server.call("PUT", "/api/clips/big", raw=big)[0] == 201
-    with closing(socket.socket()) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fixed small, before connecting
-        sock.settimeout(10)
-        sock.connect(("127.0.0.1", server.port))
-        sock.sendall(b"GET /clips/big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # and never read the reply
-        log = server.log(until=" GET /clips/big ")
-    (line,) = [line for line in log.splitlines() if " GET /clips/big " in line]
-    assert line.endswith("(timed out: the reply was not delivered whole)"), line
+    request = b"GET /clips/big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with closing(slow_reader(server.port, request)):  # never reads its reply
+        lines_of(server, "GET /clips/big", 1)
+    with closing(slow_reader(server.port, request)) as sock:  # reads its reply's start, then is reset (a closed tab)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     assert server.call("GET", "/clips/big")[0] == 200  # a client that reads gets it whole
-    deadline = time.monotonic() + 10  # its line is written just after the reply
-    while len(lines := [line for line in server.log().splitlines() if " GET /clips/big " in line]) < 2:
-        assert time.monotonic() < deadline, lines
-        time.sleep(0.05)
-    assert re.search(r" GET /clips/big 200 \d+\.\d ms$", lines[1]), lines
+    timed_out, reset, whole = lines_of(server, "GET /clips/big", 3)
+    assert timed_out.endswith(" ms (timed out: the reply was not delivered whole)"), timed_out
+    assert reset.endswith(" ms (the client closed the connection: the reply was not delivered whole)"), reset
+    assert re.search(r" GET /clips/big 200 \d+\.\d ms$", whole), whole
 
 
 def server_threads(server):
