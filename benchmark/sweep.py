@@ -52,6 +52,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -150,12 +151,13 @@ def check_runs(grid, indices, sweep_dir):
     before any run starts: a misspelt env id or flag, or a value the script refuses, is one message here rather than a
     failed run and a folder for each run of the grid (on Slurm, after a wait in the queue). Each is checked from its
     run folder, where it runs (a relative path in the flags is the run folder's; a folder made for the check is
-    removed), and the environment the runs inherit is left as it was (the MuJoCo script sets MUJOCO_GL at import)."""
+    removed), and the environment the runs inherit is left as it was (the MuJoCo script sets MUJOCO_GL at import). What
+    the script prints (a warning) is shown once, not once per run."""
     import importlib.util
 
     import tyro
 
-    environment = dict(os.environ)
+    environment, printed = dict(os.environ), set()
     spec = importlib.util.spec_from_file_location(f"checked_{Path(grid['script']).stem}", ROOT / grid["script"])
     script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (tyro reads the Args docstrings' source)
     try:
@@ -164,8 +166,9 @@ def check_runs(grid, indices, sweep_dir):
             run, folder = grid["runs"][i], sweep_dir / grid["runs"][i]["name"]
             made = [path for path in (folder, *folder.parents) if not path.exists()]  # the deepest first
             folder.mkdir(parents=True, exist_ok=True)
+            output = io.StringIO()
             try:
-                with contextlib.chdir(folder):
+                with contextlib.chdir(folder), contextlib.redirect_stdout(output):
                     args = tyro.cli(script.Args, args=run["args"], prog=grid["script"])
                     script.fill_runtime_fields(args)
                     script.validate_args(args)
@@ -176,6 +179,10 @@ def check_runs(grid, indices, sweep_dir):
                 for path in made:
                     with contextlib.suppress(OSError):  # another sweep over the same folder may have filled it since
                         path.rmdir()
+                for line in output.getvalue().splitlines():
+                    if line not in printed:
+                        printed.add(line)
+                        print(line)
     finally:
         os.environ.clear()
         os.environ.update(environment)

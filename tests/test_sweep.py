@@ -418,6 +418,17 @@ def test_a_grid_whose_runs_their_script_refuses_is_refused_before_any_run_starts
     assert not out.exists()
 
 
+def test_a_warning_its_script_gives_each_run_of_the_grid_is_shown_once(tmp_path):
+    # an Atari game without a known score layout: validate_args warns, the same words for every run checked
+    envs = {"AsterixNoFrameskip-v4": {}}
+    grid = write_grid(
+        tmp_path, script="rlhf_a2c_atari.py", env_flag="--env", envs=envs, seeds=[1, 2, 3], feedback=["true"], flags=""
+    )
+    result = sweep("slurm", grid, "--out", tmp_path / "out", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("warning: no score layout known for 'asterix'") == 1, result.stdout
+
+
 def test_checking_the_runs_leaves_the_environment_they_inherit_alone(tmp_path, monkeypatch):
     """The check imports each script, and rlhf_ppo_mujoco.py sets MUJOCO_GL=egl at import where EGL loads: the sweep's
     tasks (and sbatch, which hands the submitting shell's environment to the jobs) inherited it, and a compute node
