@@ -304,7 +304,7 @@ BAD_SETTINGS = [
 # pretraining); checked in this process only
 BAD_NUMBERS = [
     ("--pretrain-steps 0", "--pretrain-steps must be positive"),  # was a run with no pretraining and no input norm
-    ("--pair-pool-rollouts 0", "--pretrain-epochs and --pair-pool-rollouts must be positive"),  # was a crash at the 1st draw
+    ("--pair-pool-rollouts 0", "--pretrain-epochs and --pair-pool-rollouts must be positive"),  # else a crash at the 1st draw
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--schedule-horizon nan", "--schedule-horizon must be a number, not nan"),
     ("--teacher-beta 0", "--teacher-beta must be positive"),
