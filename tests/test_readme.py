@@ -1,5 +1,7 @@
 """README.md's code maps stay true: each row's line range starts at its anchor (the first line, after the previous
-row's, that holds it) and ends where the next row starts; the map covers each script from `class Args` to the end."""
+row's, that holds it) and ends where the next row starts; the map covers each script from `class Args` to the end.
+And the documentation's links lead somewhere: every relative link names a file that exists, every `#anchor` a heading
+of the file it points into."""
 
 import re
 from pathlib import Path
@@ -44,3 +46,35 @@ def test_every_name_a_code_map_row_gives_is_in_its_script(script):
     for _, _, _, what in code_map(script):
         for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", what):
             assert re.search(rf"\b{re.escape(name)}\b", source), f"README.md's code map of {script}: `{name}` is not in it"
+
+
+DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "benchmark").rglob("*.md"))]
+
+
+def heading_anchors(path):
+    """The anchors GitHub gives the headings of a Markdown file: lower case, punctuation dropped, spaces as hyphens,
+    a repeated heading's anchor numbered -1, -2, ...; lines inside code fences are not headings."""
+    anchors, in_code = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        in_code ^= line.startswith("```")
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading and not in_code:
+            anchor = re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-")
+            repeats = sum(1 for known in anchors if re.fullmatch(re.escape(anchor) + r"(-\d+)?", known))
+            anchors.add(f"{anchor}-{repeats}" if repeats else anchor)
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_relative_link_leads_to_a_file_and_heading(doc):
+    path = ROOT / doc
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)", path.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        linked = (path.parent / target).resolve() if target else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
+            broken.append(f"{target}#{anchor}: no such heading in {linked.relative_to(ROOT)}")
+    assert not broken, f"{doc}: " + "; ".join(broken)
