@@ -54,14 +54,14 @@ DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "be
 def heading_anchors(path):
     """The anchors GitHub gives the headings of a Markdown file: lower case, punctuation dropped, spaces as hyphens,
     a repeated heading's anchor numbered -1, -2, ...; lines inside code fences are not headings."""
-    anchors, in_code = set(), False
+    anchors, seen, in_code = set(), {}, False
     for line in path.read_text(encoding="utf-8").splitlines():
         in_code ^= line.startswith("```")
         heading = re.match(r"#{1,6} (.*)", line)
         if heading and not in_code:
             anchor = re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-")
-            repeats = sum(1 for known in anchors if re.fullmatch(re.escape(anchor) + r"(-\d+)?", known))
-            anchors.add(f"{anchor}-{repeats}" if repeats else anchor)
+            anchors.add(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+            seen[anchor] = seen.get(anchor, 0) + 1
     return anchors
 
 
@@ -76,5 +76,5 @@ def test_every_relative_link_leads_to_a_file_and_heading(doc):
         if not linked.exists():
             broken.append(f"{target}: no such file")
         elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
-            broken.append(f"{target}#{anchor}: no such heading in {linked.relative_to(ROOT)}")
+            broken.append(f"{target}#{anchor}: no such heading in {linked}")
     assert not broken, f"{doc}: " + "; ".join(broken)
