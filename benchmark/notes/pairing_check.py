@@ -57,7 +57,9 @@ def main():
     reference = progress_lines(args.reference.read_text(errors="replace"))
     with tempfile.TemporaryDirectory(prefix="pairing_check_") as scratch:
         worktree = Path(scratch) / "code"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--quiet", "--detach", str(worktree), args.commit], check=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--quiet", "--detach", str(worktree), args.commit], check=True
+        )
         try:
             ours = progress_lines(run_until(args.script, script_args, args.until_step, worktree))
         finally:
