@@ -1,12 +1,13 @@
 """Does the code of another commit run the same as a reference run? Runs a script as it was at COMMIT (in a temporary
 git worktree) with the reference run's arguments until its progress line of --until-step, stops it, and compares its
-progress lines with the reference log's (steps/s left out): "identical over N lines" or the first line that differs.
+progress lines with the reference log's (steps/s left out): "identical over N lines", the first line that differs, or
+that the run ended before that step (its last lines shown).
 
 Give the reference run's arguments exactly, --total-timesteps included: --anneal-lr scales the learning rate by the
 run's length, so a shorter run differs from a 1M-step run's log after its first update even on the same code.
 
 Usage (from the repository root):
-  python benchmark/notes/pairing_check.py 0a1737f --until-step 204800 \
+  python benchmark/notes/pairing_check.py 0a1737f --until-step 40960 \
     --reference benchmark/sweeps/hopper_defaults/Hopper-v4__labels1400__1/run.log -- \
     --env Hopper-v4 --seed 1 --total-timesteps 1000000 --threads 1 --labels 1400
 """
@@ -45,12 +46,18 @@ def run_until(script, script_args, until_step, folder):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="then --, then the reference run's arguments"
+    )
     parser.add_argument("commit", help="the commit whose code runs")
     parser.add_argument("--reference", required=True, type=Path, help="the log of the run to compare with")
-    parser.add_argument("--until-step", required=True, type=int, help="stop after the progress line of this step")
+    parser.add_argument(
+        "--until-step",
+        required=True,
+        type=int,
+        help="stop after the RL progress line of this step (a line `step N, ...`; pretraining lines do not count)",
+    )
     parser.add_argument("--script", default="rlhf_ppo_mujoco.py")
-    parser.add_argument("--", dest="script_args", help="then the reference run's arguments", metavar="ARGS")
     ours_end = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
     args = parser.parse_args(sys.argv[1:ours_end])
     script_args = sys.argv[ours_end + 1 :]
@@ -61,9 +68,17 @@ def main():
             ["git", "-C", str(REPO), "worktree", "add", "--quiet", "--detach", str(worktree), args.commit], check=True
         )
         try:
-            ours = progress_lines(run_until(args.script, script_args, args.until_step, worktree))
+            output = run_until(args.script, script_args, args.until_step, worktree)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(worktree)], check=True)
+    ours = progress_lines(output)
+    if not any(line.startswith(f"step {args.until_step},") for line in ours):
+        print(
+            f"{args.commit}: the run ended before step {args.until_step}; its last lines:",
+            *output.splitlines()[-5:],
+            sep="\n  ",
+        )
+        return 1
     for number, (line, reference_line) in enumerate(zip(ours, reference), start=1):
         if line != reference_line:
             print(f"{args.commit} differs at line {number}:\n  {args.commit}: {line}\n  reference: {reference_line}")
