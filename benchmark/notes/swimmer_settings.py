@@ -35,6 +35,8 @@ SETTINGS = [
     ("swimmer_c17_ent_decay", None, None),
     ("swimmer_c17_horizon", None, "swimmer_c17_rl"),  # the label schedule only: its true-reward runs would be these
     ("swimmer_pair_pool", None, "swimmer_c17_rl"),  # where pairs are drawn only: the same
+    ("swimmer_pretrain", None, "swimmer_c17_rl"),  # the labels before RL only: the same
+    ("swimmer_early_labels", None, "swimmer_c17_rl"),  # the label schedule only: the same
     ("swimmer_random_selection", None, None),
     ("swimmer_reward_dropout", None, None),
     ("swimmer_bound_penalty", "action_bound_penalty.patch", None),
