@@ -2,8 +2,8 @@
 flags (its own Swimmer-v4 flags past them, and the patch a diagnostic ran with), the true reward's and one label
 budget's final returns over the finished seeds (mean ± sample std, runs over --fast), and the budget's ratio to the
 true reward of the same settings ± its standard error (sweep.py's). A grid whose runs of the true reward would be
-the same code as another's takes that one's (the oracle patch and the label schedule's horizon change only labelled
-runs: swimmer_c17_rl's).
+the same code as another's takes that one's (the oracle patch, the label schedule's horizon, the pair pool and the
+pretraining share change only labelled runs: swimmer_c17_rl's).
 
 Usage (from the repository root):
   python benchmark/notes/swimmer_settings.py --mode labels1400 --fast 100
