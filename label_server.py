@@ -671,10 +671,13 @@ def rater_name(name):
             k in "LNM" or c in RATER_SEPARATORS or (c in RATER_JOINERS and 0 < i < len(name) - 1)
             for i, (c, k) in enumerate(zip(name, kinds))
         ]
-        if 0 < len(name) <= 64 and kinds[0] in "LN" and all(allowed):
-            return unicodedata.normalize("NFC", name.casefold())
+        folded = unicodedata.normalize("NFC", name.casefold())  # may be longer: ß is ss; the limit is on what is kept
+        if 0 < len(folded) <= 64 and kinds[0] in "LN" and all(allowed):
+            return folded
     raise ApiError(
-        HTTPStatus.BAD_REQUEST, "'rater' must be 1-64 letters, digits, spaces or _ . @ - ', starting with a letter or digit"
+        HTTPStatus.BAD_REQUEST,
+        "'rater' must be 1-64 letters, digits, spaces or _ . @ - ', starting with a letter or digit (counted in lower"
+        " case: ß is ss)",
     )
 
 

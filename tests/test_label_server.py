@@ -704,6 +704,21 @@ def test_names_differing_only_by_case_or_spaces_are_one_rater(label_server):
     assert server.call("GET", "/api/pairs/p1")[1]["answers"] == [{"rater": "alice", "choice": "left"}]
 
 
+# case folding can lengthen a name (ß -> ss, ﬃ -> ffi): 64 ß were stored as 128 letters, a name the server then refused
+# when it came back (a lead asking /api/stats for a rater the export names)
+def test_the_name_the_server_keeps_for_a_rater_is_itself_accepted(label_server):
+    server = label_server()
+    for typed in ("Straße", "ß" * 32, "ß" * 64, "\ufb03" * 21, "\ufb03" * 30):
+        status, body = server.call("GET", "/api/stats?rater=" + urllib.parse.quote(typed))
+        if status == 400:  # refused as it was typed, with the reason
+            assert "rater" in body["error"] and len(typed.casefold()) > 64, (typed, body)
+            continue
+        kept = body["rater"]
+        status, again = server.call("GET", "/api/stats?rater=" + urllib.parse.quote(kept))
+        assert status == 200 and again["rater"] == kept, (typed, len(kept), again)
+    assert server.call("GET", "/api/stats?rater=" + urllib.parse.quote("ß" * 32))[1]["rater"] == "ss" * 32
+
+
 # --- slow and idle clients (issue 20): timeouts and a bounded number of threads ---
 
 
