@@ -661,19 +661,25 @@ def require_id(value, what):
 
 
 def rater_name(name):
-    """A rater's identity: names that differ only by case, surrounding spaces or Unicode composition are one rater
-    ("Alice ", "alice"; "José" typed either way). Letters and digits of any script (and the zero-width joiners inside),
-    not control characters."""
-    if isinstance(name, str):
-        name = unicodedata.normalize("NFC", name.strip())
+    """A rater's identity: names that differ only by case, surrounding spaces, Unicode composition, width, ligatures or
+    zero-width joiners are one rater ("Alice ", "alice"; "José" typed either way; full-width "ａｌｉｃｅ"). Letters and
+    digits of any script (and the zero-width joiners inside), not control characters. The identity is kept as Unicode's
+    NFKC case fold without the joiners, at most 64 characters, and is itself a name that maps to itself."""
+
+    def well_formed(name, joiners_inside):
         kinds = [unicodedata.category(c)[0] for c in name]  # L letter, N number, M combining mark, C control...
         allowed = [
-            k in "LNM" or c in RATER_SEPARATORS or (c in RATER_JOINERS and 0 < i < len(name) - 1)
+            k in "LNM" or c in RATER_SEPARATORS or (joiners_inside and c in RATER_JOINERS and 0 < i < len(name) - 1)
             for i, (c, k) in enumerate(zip(name, kinds))
         ]
-        folded = unicodedata.normalize("NFC", name.casefold())  # may be longer: ß is ss; the limit is on what is kept
-        if 0 < len(folded) <= 64 and kinds[0] in "LN" and all(allowed):
-            return folded
+        return 0 < len(name) and kinds[0] in "LN" and all(allowed)
+
+    if isinstance(name, str):
+        name = unicodedata.normalize("NFC", name.strip())
+        kept = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())  # may be longer: ß is ss
+        kept = "".join(c for c in kept if c not in RATER_JOINERS)
+        if well_formed(name, joiners_inside=True) and well_formed(kept, joiners_inside=False) and len(kept) <= 64:
+            return kept
     raise ApiError(
         HTTPStatus.BAD_REQUEST,
         "'rater' must be 1-64 letters, digits, spaces or _ . @ - ', starting with a letter or digit (counted in lower"

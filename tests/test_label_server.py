@@ -704,6 +704,19 @@ def test_names_differing_only_by_case_or_spaces_are_one_rater(label_server):
     assert server.call("GET", "/api/pairs/p1")[1]["answers"] == [{"rater": "alice", "choice": "left"}]
 
 
+# names that look the same are one rater too: one typed with or without the zero-width non-joiner Persian writes
+# between a name's parts, in full-width letters (East Asian keyboards) or with a ligature; they were two raters, and
+# one person could answer a pair twice
+def test_names_that_differ_only_by_joiners_width_or_ligatures_are_one_rater(label_server):
+    server = label_server("--overlap", 3)
+    post_pair(server, "p1")
+    for first, same in (("فاطمه\u200cزهرا", "فاطمهزهرا"), ("alice", "\uff41\uff4c\uff49\uff43\uff45"), ("fiona", "\ufb01ona")):
+        assert answer(server, "p1", first, "left")[0] == 201, first
+        status, body = answer(server, "p1", same, "right")
+        assert status == 200 and body["duplicate"], (same, body)
+    assert server.call("GET", "/healthz")[1]["answers"] == 3
+
+
 # case folding can lengthen a name (ß -> ss, ﬃ -> ffi): 64 ß were stored as 128 letters, a name the server then refused
 # when it came back (a lead asking /api/stats for a rater the export names)
 def test_the_name_the_server_keeps_for_a_rater_is_itself_accepted(label_server):
