@@ -75,7 +75,7 @@ class Args:
 CHOICES = ("left", "right", "equal", "cant_tell")
 METHODS = ("GET", "PUT", "POST")  # every other method gets 405
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot, dash or underscore: never a path
-RATER_SEPARATORS = " _.@-'"  # besides letters, digits and combining marks, in any script
+RATER_SEPARATORS = " _.@-'·"  # besides letters, digits and combining marks, in any script (· as in Catalan l·l)
 RATER_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner, inside a name: Persian, Hindi, ... names as written
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 # arrays and objects in each other in a request's JSON: a body nested much deeper would be read and stored, then fail to
@@ -159,6 +159,12 @@ class LabelStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        # answers saved under an older rule for names (NFC case fold, joiners and full width kept): under today's name;
+        # where both spellings answered a pair, the other's answer keeps its name (OR IGNORE), as in SCHEMA's update
+        for (saved,) in self.db.execute("SELECT DISTINCT rater FROM answers").fetchall():
+            with contextlib.suppress(ApiError):  # a name today's rule refuses stays as it was
+                if rater_name(saved) != saved:
+                    self.db.execute("UPDATE OR IGNORE answers SET rater = ? WHERE rater = ?", (rater_name(saved), saved))
         if "open" not in [row[1] for row in self.db.execute("PRAGMA table_info(pairs)")]:
             # a database from before the open flag: a pair is open (waiting for answers) until it has a label
             self.db.executescript(
@@ -674,23 +680,25 @@ def rater_name(name):
         ]
         return 0 < len(name) and kinds[0] in "LN" and all(allowed)
 
-    if isinstance(name, str):
-        name = unicodedata.normalize("NFC", name.strip())
+    if isinstance(name, str) and well_formed(name := unicodedata.normalize("NFC", name.strip()), joiners_inside=True):
         kept = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())  # may be longer: ß is ss
         kept = "".join(c for c in kept if c not in RATER_JOINERS)
-        if well_formed(name, joiners_inside=True) and well_formed(kept, joiners_inside=False) and len(kept) <= 64:
-            return kept
+        if len(kept) > 64:
+            message = f"'rater' is {len(kept)} characters as kept (lower case, ß as ss, ﬁ as fi, no joiners): at most 64"
+            raise ApiError(HTTPStatus.BAD_REQUEST, message)
+        if not well_formed(kept, joiners_inside=False):  # e.g. ½ is 1⁄2, Catalan ŀ is l·
+            message = f"'rater' {name!r} is {kept!r} in Unicode's compatibility form (NFKC): not letters and digits"
+            raise ApiError(HTTPStatus.BAD_REQUEST, message)
+        return kept
     raise ApiError(
-        HTTPStatus.BAD_REQUEST,
-        "'rater' must be 1-64 letters, digits, spaces or _ . @ - ', starting with a letter or digit (counted in lower"
-        " case: ß is ss)",
+        HTTPStatus.BAD_REQUEST, "'rater' must be 1-64 letters, digits, spaces or _ . @ - ' ·, starting with a letter or digit"
     )
 
 
 def load_rater_keys(path):
     """{key: rater} from a file of lines `name key` (blank lines skipped, and a line's words from one that starts with
     '#'); a bad line stops the server."""
-    rater_of_key, key_of_rater = {}, {}
+    rater_of_key, line_of_key, name_of_rater = {}, {}, {}  # name_of_rater: (line, name as written)
     try:
         with open(path, encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
@@ -708,9 +716,13 @@ def load_rater_keys(path):
                     rater = rater_name(name)
                 except ApiError as error:
                     raise SystemExit(f"error: {where}: {error.message}") from None
-                if key in rater_of_key or rater in key_of_rater:
-                    raise SystemExit(f"error: {where}: the key or the rater {rater!r} is there twice")
-                rater_of_key[key], key_of_rater[rater] = rater, key
+                if key in line_of_key:
+                    raise SystemExit(f"error: {where}: this key is also line {line_of_key[key]}'s")
+                if rater in name_of_rater:
+                    first_number, first_name = name_of_rater[rater]
+                    message = f"{name!r} is the rater of line {first_number}, {first_name!r}"
+                    raise SystemExit(f"error: {where}: {message} (names that differ only by case, width or joiners are one)")
+                rater_of_key[key], line_of_key[key], name_of_rater[rater] = rater, number, (number, name)
     except OSError as error:
         raise SystemExit(f"error: cannot read --rater-keys {path}: {error}") from None
     return rater_of_key

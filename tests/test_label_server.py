@@ -664,7 +664,9 @@ def test_pairs_of_live_experiments_come_first(label_server):
 
 
 # ZWNJ joins Persian (and Hindi, ...) names' parts as written: a name typed with it was refused
-@pytest.mark.parametrize("name", ["José", "Zoë Müller", "李雷", "o'brien", "ann.b@lab-1", "Ωmega_2", "فاطمه\u200cزهرا"])
+@pytest.mark.parametrize(
+    "name", ["José", "Zoë Müller", "李雷", "o'brien", "ann.b@lab-1", "Ωmega_2", "فاطمه\u200cزهرا", "Col·lell", "Colŀell"]
+)
 def test_rater_names_may_be_any_letters_and_digits(label_server, name):
     server = label_server()
     post_pair(server, "p1")
@@ -1105,11 +1107,18 @@ def test_answers_saved_under_older_spellings_of_a_name_join_the_normalised_rater
         old.executemany(
             "INSERT INTO answers VALUES (?, ?, ?, 0)", [("p1", "Bob", "left"), ("p1", "bob ", "right"), ("p2", "Bob", "left")]
         )
+        # and as the server kept non-ASCII names before 0ba4606: NFC case fold, zero-width joiners and full width kept
+        old.executemany(
+            "INSERT INTO answers VALUES (?, ?, ?, 0)", [("p1", "علی\u200cرضا", "left"), ("p2", "\uff41nn", "left")]
+        )
         old.commit()
     restarted = label_server(db=db)
     assert restarted.call("GET", "/api/stats?rater=bob")[1]["answered"] == 2  # not 1 for "Bob" and 1 for "bob "
     assert answer(restarted, "p2", "BOB", "right")[1]["duplicate"]  # the old answer is this rater's
     assert next_pair(restarted, "bob") is None
+    for name, pair in (("علیرضا", "p1"), ("ann", "p2")):
+        assert restarted.call("GET", "/api/stats?rater=" + urllib.parse.quote(name))[1]["answered"] == 1, name
+        assert answer(restarted, pair, name, "right")[1]["duplicate"], name
 
 
 def test_other_web_pages_open_in_the_raters_browser_can_neither_write_nor_read(label_server):
@@ -1562,8 +1571,10 @@ def test_with_rater_keys_each_rater_answers_only_in_their_own_name(label_server,
     "text, message",
     [
         ("alice\n", "name and a key"),
-        ("alice k1\nbob k1\n", "twice"),
-        ("alice k1\nALICE k2\n", "twice"),
+        ("alice k1\nbob k1\n", "line 2: this key is also line 1's"),
+        ("alice k1\nALICE k2\n", "line 2: 'ALICE' is the rater of line 1, 'alice'"),
+        ("alice k1\n\uff21lice k2\n", "the rater of line 1"),  # full width: one rater
+        ("x½ k1\n", "NFKC"),  # ½ is a digit, but 1⁄2 has a fraction slash
         ("<b> k1\n", "rater"),
         # a key a request header cannot carry (the page sends it as X-Rater-Key)
         ("alice k\x01y\n", "a key must be printable ASCII"),
