@@ -163,8 +163,8 @@ class LabelStore:
         # where both spellings answered a pair, the other's answer keeps its name (OR IGNORE), as in SCHEMA's update
         for (saved,) in self.db.execute("SELECT DISTINCT rater FROM answers").fetchall():
             with contextlib.suppress(ApiError):  # a name today's rule refuses stays as it was
-                if rater_name(saved) != saved:
-                    self.db.execute("UPDATE OR IGNORE answers SET rater = ? WHERE rater = ?", (rater_name(saved), saved))
+                if (today := rater_name(saved)) != saved:
+                    self.db.execute("UPDATE OR IGNORE answers SET rater = ? WHERE rater = ?", (today, saved))
         if "open" not in [row[1] for row in self.db.execute("PRAGMA table_info(pairs)")]:
             # a database from before the open flag: a pair is open (waiting for answers) until it has a label
             self.db.executescript(
