@@ -306,7 +306,7 @@ def fill_runtime_fields(args: Args) -> None:
     args.pretrain_iterations = pretrain_rounds * args.iterations_per_round
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created (after
     fill_runtime_fields)."""
     game = atari_game(args.env)
@@ -355,6 +355,8 @@ def validate_args(args: Args) -> None:
             raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
         if not 1 <= args.clip_scale <= 12 or not 1 <= args.clip_fps <= 240:
             raise SystemExit("error: --clip-scale must be in [1, 12] and --clip-fps in [1, 240]")
+        if run_dir is not None:
+            experiment_name(run_dir)
     if args.labels <= 0:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
     if args.pretrain_steps < 1:  # the initial policy's rollouts are where the reward model is first fitted
@@ -752,7 +754,7 @@ class SyntheticTeacher:
 def make_teacher(args: Args, run_dir, rng):
     """The teacher --feedback names (synthetic or human): the one place that asks which teacher a run has."""
     if args.feedback == "human":  # (HumanTeacher: in the Infrastructure block below)
-        experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
+        experiment = experiment_name(run_dir)
         print(f"human feedback: pairs go to {args.label_server}/ (experiment {experiment}); open it in a browser to label")
         return HumanTeacher(
             args.label_server, args.label_token, experiment, args.instruction, run_dir, args.clip_scale, args.clip_fps
@@ -1109,7 +1111,7 @@ class HumanTeacher:
     ({run_dir}/pending_pairs.npz: save/load) and asked again when the run resumes."""
 
     def __init__(self, server, token, experiment, instruction, run_dir, clip_scale=4, clip_fps=15, poll_interval=2.0):
-        self.server, self.token, self.experiment = server.rstrip("/"), token, experiment
+        self.server, self.token, self.experiment = server.rstrip("/"), token, checked_experiment_name(experiment)
         self.pending_path = os.path.join(run_dir, "pending_pairs.npz")
         self.instruction, self.clip_scale, self.clip_fps, self.poll_interval = instruction, clip_scale, clip_fps, poll_interval
         self.lock = threading.Lock()
@@ -1120,17 +1122,6 @@ class HumanTeacher:
         # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
         # server keeps those ids' clips, metadata and answers); 64 random bits: two processes practically never draw the same
         self.start_id = os.urandom(8).hex()
-        longest_id = f"{self.experiment}-{self.start_id}-{0:06d}-right"  # a clip's; the server takes at most 128 characters
-        if len(longest_id) > 128:
-            raise SystemExit(
-                f"error: the run folder's name ({len(self.experiment)} characters) is too long for the label server's "
-                f"ids (at most {len(self.experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
-            )
-        if not self.experiment[:1].isalnum():  # the server's ids start with a letter or digit
-            raise SystemExit(
-                f"error: the run folder's name '{self.experiment}' does not start with a letter or a digit, as the label "
-                "server's ids must: rename the folder"
-            )
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
@@ -1347,6 +1338,27 @@ class HumanTeacher:
         self.consumed_seq = max(self.consumed_seq, consumed_seq_in_labels)
 
 
+def experiment_name(run_dir):
+    """The run's experiment on the label server: the run folder's name, the prefix of its pairs' and clips' ids. Refuses
+    a name those ids cannot carry (the server takes at most 128 characters, the first a letter or digit)."""
+    return checked_experiment_name(re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir))))
+
+
+def checked_experiment_name(experiment):
+    longest_id = f"{experiment}-{'0' * 16}-{0:06d}-right"  # a clip's: experiment, start id, pair index, side
+    if len(longest_id) > 128:
+        raise SystemExit(
+            f"error: the run folder's name ({len(experiment)} characters) is too long for the label server's ids (at "
+            f"most {len(experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
+        )
+    if not experiment[:1].isalnum():  # the server's ids start with a letter or digit
+        raise SystemExit(
+            f"error: the run folder's name '{experiment}' does not start with a letter or a digit, as the label server's "
+            "ids must: rename the folder"
+        )
+    return experiment
+
+
 # =====================================================================================================================
 # Infrastructure: stopping, checkpoints and resuming. Ctrl-C or SIGTERM stop a run at the end of an iteration, with
 # its checkpoint (--save-model); --resume continues it from the start of the label round it was stopped in.
@@ -1381,9 +1393,17 @@ def load_checkpoint(run_dir):
         raise SystemExit(f"error: cannot read {path} ({type(error).__name__}: {error})") from None
 
 
-def resumed_args(args: Args, checkpoint) -> Args:
+def flags_on_command_line(argv):
+    """The settings a command line names, at whatever value (--name or --name=value, with hyphens or underscores, and
+    --no-name for False): a flag given at its default value is still given."""
+    fields = set(vars(Args()))
+    names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
+    return {name if name in fields else name.removeprefix("no_") for name in names} & fields
+
+
+def resumed_args(args: Args, checkpoint, argv=()) -> Args:
     """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes
-    from this command line. Any other flag given that differs from the run's own is refused, not dropped, and so is a
+    from this command line. Any other flag given (set away from its default, or named in `argv`, the command line) that differs from the run's own is refused, not dropped, and so is a
     checkpoint with settings this script does not have (another script's run), and a checkpoint whose reward model
     trained (pretraining too) on labels that are not in its labels/ folder (it would go on without them)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
@@ -1397,9 +1417,10 @@ def resumed_args(args: Args, checkpoint) -> Args:
     if unknown:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
         raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
-    defaults = vars(Args())
+    defaults, named = vars(Args()), flags_on_command_line(argv)
     for name, value in vars(args).items():
-        if name not in from_command_line and value != defaults[name] and value != saved.get(name, defaults[name]):
+        given = value != defaults[name] or name in named
+        if name not in from_command_line and given and value != saved.get(name, defaults[name]):
             flag = f"--{name.replace('_', '-')}"
             raise SystemExit(
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
@@ -1473,7 +1494,7 @@ if __name__ == "__main__":
     checkpoint = None
     if args.resume:  # Infrastructure: continue a stopped run, or evaluate it
         checkpoint = load_checkpoint(args.resume)
-        args = resumed_args(args, checkpoint)
+        args = resumed_args(args, checkpoint, sys.argv[1:])
         if args.eval_only:
             checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
             scores = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed, args.noop_max, args.mask_score)
@@ -1485,7 +1506,7 @@ if __name__ == "__main__":
     else:
         run_dir = f"runs/{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     fill_runtime_fields(args)
-    validate_args(args)
+    validate_args(args, run_dir)
     rlhf = args.feedback != "true-reward"
     os.makedirs(run_dir, exist_ok=True)
     writer = SummaryWriter(run_dir)

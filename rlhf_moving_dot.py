@@ -271,7 +271,7 @@ def fill_runtime_fields(args: Args) -> None:
         args.reward_form = "progress" if args.observation == "pixels" else "action"
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created; changes nothing."""
     for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "episode_steps"):
         if getattr(args, flag) < 1:
@@ -322,6 +322,8 @@ def validate_args(args: Args) -> None:
             raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
         if not 1 <= args.clip_fps <= 240:
             raise SystemExit("error: --clip-fps must be in [1, 240]")
+        if run_dir is not None:
+            experiment_name(run_dir)
     if args.labels <= 0:
         raise SystemExit(f"error: --labels must be positive (got {args.labels})")
     if args.pretrain_steps < 1:  # the initial policy's rollouts are where the reward model is first fitted
@@ -1171,7 +1173,7 @@ class HumanTeacher:
     asked again when it resumes. The run folder's name is the experiment's name on the label server."""
 
     def __init__(self, run_dir, server, token, instruction, clip_fps=6, poll_interval=2.0):
-        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
+        self.experiment = experiment_name(run_dir)
         self.path = f"{run_dir}/pending_pairs.npz"
         self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_fps, self.poll_interval = instruction, clip_fps, poll_interval
@@ -1183,17 +1185,6 @@ class HumanTeacher:
         # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
         # server keeps those ids' clips, metadata and answers); 64 random bits: two processes practically never draw the same
         self.start_id = os.urandom(8).hex()
-        longest_id = f"{self.experiment}-{self.start_id}-{0:06d}-right"  # a clip's; the server takes at most 128 characters
-        if len(longest_id) > 128:
-            raise SystemExit(
-                f"error: the run folder's name ({len(self.experiment)} characters) is too long for the label server's "
-                f"ids (at most {len(self.experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
-            )
-        if not self.experiment[:1].isalnum():  # the server's ids start with a letter or digit
-            raise SystemExit(
-                f"error: the run folder's name '{self.experiment}' does not start with a letter or a digit, as the label "
-                "server's ids must: rename the folder"
-            )
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
@@ -1409,6 +1400,24 @@ class HumanTeacher:
         self.consumed_seq = max(self.consumed_seq, consumed_seq_in_labels)
 
 
+def experiment_name(run_dir):
+    """The run's experiment on the label server: the run folder's name, the prefix of its pairs' and clips' ids. Refuses
+    a name those ids cannot carry (the server takes at most 128 characters, the first a letter or digit)."""
+    experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
+    longest_id = f"{experiment}-{'0' * 16}-{0:06d}-right"  # a clip's: experiment, start id, pair index, side
+    if len(longest_id) > 128:
+        raise SystemExit(
+            f"error: the run folder's name ({len(experiment)} characters) is too long for the label server's ids (at "
+            f"most {len(experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
+        )
+    if not experiment[:1].isalnum():  # the server's ids start with a letter or digit
+        raise SystemExit(
+            f"error: the run folder's name '{experiment}' does not start with a letter or a digit, as the label server's "
+            "ids must: rename the folder"
+        )
+    return experiment
+
+
 # =====================================================================================================================
 # Infrastructure: stopping, saving and resuming. A checkpoint holds, besides the networks, everything that makes a
 # resumed run go on exactly as if it had never stopped (tests/test_moving_dot.py checks it bit for bit).
@@ -1517,9 +1526,17 @@ def load_checkpoint(run_dir):
         raise SystemExit(f"error: cannot read {checkpoint_path} ({type(error).__name__}: {error})") from None
 
 
-def resumed_args(args, checkpoint):
+def flags_on_command_line(argv):
+    """The settings a command line names, at whatever value (--name or --name=value, with hyphens or underscores, and
+    --no-name for False): a flag given at its default value is still given."""
+    fields = set(vars(Args()))
+    names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
+    return {name if name in fields else name.removeprefix("no_") for name in names} & fields
+
+
+def resumed_args(args, checkpoint, argv=()):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
-    --eval-only, --eval-episodes). Any other flag given that differs from the run's own is refused, not dropped, and
+    --eval-only, --eval-episodes). Any other flag given (set away from its default, or named in `argv`, the command line) that differs from the run's own is refused, not dropped, and
     so is a checkpoint with settings this script does not have (another script's run), and a labelled run's checkpoint
     without its labels (save_labels writes them before every checkpoint)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
@@ -1528,9 +1545,10 @@ def resumed_args(args, checkpoint):
     if unknown:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
         raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
-    defaults = vars(Args())
+    defaults, named = vars(Args()), flags_on_command_line(argv)
     for name, value in vars(args).items():
-        if name not in from_command_line and value != defaults[name] and value != saved.get(name, defaults[name]):
+        given = value != defaults[name] or name in named
+        if name not in from_command_line and given and value != saved.get(name, defaults[name]):
             flag = f"--{name.replace('_', '-')}"
             raise SystemExit(
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
@@ -1599,7 +1617,7 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
     if checkpoint is not None:
-        args = resumed_args(args, checkpoint)
+        args = resumed_args(args, checkpoint, sys.argv[1:])
     if args.eval_only:
         if checkpoint is None or args.eval_episodes < 1:
             raise SystemExit(
@@ -1614,7 +1632,7 @@ if __name__ == "__main__":
     else:
         run_dir = f"runs/MovingDot-v0-{args.observation}__{args.exp_name}__{args.seed}__{int(time.time())}"
     fill_runtime_fields(args)
-    validate_args(args)
+    validate_args(args, run_dir)
     rlhf = args.feedback != "true-reward"
     os.makedirs(run_dir, exist_ok=True)
     writer = SummaryWriter(run_dir)

@@ -79,7 +79,7 @@ class Args:
     """the learning rate of the optimizer"""
     num_envs: int = 1
     """the number of parallel game environments (stepped together, one policy call for all; 4 x 512 runs 1.5-1.6x the
-    steps/s of 1 x 2048 here, its learning not yet shown equal: README "Changes to PPO")"""
+    steps/s of 1 x 2048 here; its learning differs by task and mode: README "Changes to PPO")"""
     num_steps: int = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -154,23 +154,24 @@ class Args:
     """reward-training rounds between validation passes (losses, accuracy, L2 adaptation, reward normalisation)"""
     reward_std: float = 1.0
     """standard deviation of the normalised learned reward, over the labelled steps (C17 A.1: 1 on MuJoCo); PPO's
-    return scaling divides any such scale away, so it changes the logged predicted returns only"""
+    return scaling divides any such scale away, so it changes only what is logged (predicted returns, the absorbing
+    reward)"""
     anchor_absorbing: bool = True
     """shift the normalised reward given to PPO so the absorbing (fallen) state earns 0, as under the true reward
     (README: episodes that end early)"""
     label_noise: float = 0.1
     """C17 2.2.3: the preference model assumes the teacher answers uniformly at random with this probability"""
     teacher_beta: float = float("inf")
-    """synthetic teacher rationality: P(left) = sigmoid(beta * (R_left - R_right)); inf = always the better one"""
+    """synthetic or scripted teacher rationality: P(left) = sigmoid(beta * (R_left - R_right)); inf = always the better one"""
     teacher_gamma: float = 1.0
-    """synthetic teacher myopia: reward at step t weighted gamma^(L-1-t) (B-Pref); 1 = undiscounted"""
+    """synthetic or scripted teacher myopia: reward at step t weighted gamma^(L-1-t) (B-Pref); 1 = undiscounted"""
     teacher_epsilon: float = 0.0
-    """synthetic teacher mistake probability: the answer is flipped (B-Pref)"""
+    """synthetic or scripted teacher mistake probability: the answer is flipped (B-Pref)"""
     teacher_skip_threshold: float = float("-inf")
-    """synthetic teacher skips a pair when both segments' undiscounted returns are below this (B-Pref); the run asks
+    """synthetic or scripted teacher skips a pair when both segments' undiscounted returns are below this (B-Pref); the run asks
     for another pair in its place"""
     teacher_equal_margin: float = 0.0
-    """synthetic teacher answers 'equal' when the undiscounted returns differ by at most this (B-Pref); 0 = exact ties only"""
+    """synthetic or scripted teacher answers 'equal' when the undiscounted returns differ by at most this (B-Pref); 0 = exact ties only"""
     label_server: str = "http://127.0.0.1:8000"
     """with --feedback human: the address of label_server.py"""
     label_token: Optional[str] = None
@@ -211,9 +212,10 @@ def fill_runtime_fields(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created. Expects the run-time
-    fields (fill_runtime_fields); changes nothing."""
+    fields (fill_runtime_fields); changes nothing. With `run_dir`, also checks that the label server can carry its name
+    (--feedback human)."""
     if "ALE/" in args.env or "NoFrameskip" in args.env:
         raise SystemExit(f"error: {args.env} is an Atari game: rlhf_a2c_atari.py trains on those")
     if args.env not in gym.registry:
@@ -265,6 +267,10 @@ def validate_args(args: Args) -> None:
             raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")
         if not 16 <= args.clip_size <= 1024 or not 1 <= args.clip_fps <= 240:
             raise SystemExit("error: --clip-size must be in [16, 1024] and --clip-fps in [1, 240]")
+        if run_dir is not None:
+            experiment_name(run_dir)
+    if args.capture_video and args.video_seconds < 0:
+        raise SystemExit(f"error: --video-seconds must be 0 (whole episodes) or positive (got {args.video_seconds})")
     if args.capture_video or args.feedback == "human":
         check_rendering(args.env, env_kwargs)
     not_numbers = [f"--{name.replace('_', '-')}" for name, value in vars(args).items() if value != value]  # nan only
@@ -1205,7 +1211,7 @@ class HumanTeacher:
         self, run_dir, env_id, server, token, instruction, clip_size=320, clip_fps=30, env_kwargs=None, poll_interval=2.0
     ):
         self.env_id, self.env_kwargs = env_id, env_kwargs or {}
-        self.experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
+        self.experiment = experiment_name(run_dir)
         self.pending_path = os.path.join(run_dir, "pending_pairs.npz")
         self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_size, self.clip_fps, self.poll_interval = instruction, clip_size, clip_fps, poll_interval
@@ -1217,17 +1223,6 @@ class HumanTeacher:
         # new in each process: a run killed after posting pairs it had not saved asks other pairs under new ids (the
         # server keeps those ids' clips, metadata and answers); 64 random bits: two processes practically never draw the same
         self.start_id = os.urandom(8).hex()
-        longest_id = f"{self.experiment}-{self.start_id}-{0:06d}-right"  # a clip's; the server takes at most 128 characters
-        if len(longest_id) > 128:
-            raise SystemExit(
-                f"error: the run folder's name ({len(self.experiment)} characters) is too long for the label server's "
-                f"ids (at most {len(self.experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
-            )
-        if not self.experiment[:1].isalnum():  # the server's ids start with a letter or digit
-            raise SystemExit(
-                f"error: the run folder's name '{self.experiment}' does not start with a letter or a digit, as the label "
-                "server's ids must: rename the folder"
-            )
         self.consumed_seq = 0  # label sequence number up to which answers are in the label buffer
         self.received_seq = 0  # label sequence number up to which the thread has fetched answers
         self.taken_seq = 0  # label sequence number up to which poll() has taken every fetched answer
@@ -1464,6 +1459,24 @@ class HumanTeacher:
         self.consumed_seq = max(self.consumed_seq, consumed_seq_in_labels)
 
 
+def experiment_name(run_dir):
+    """The run's experiment on the label server: the run folder's name, the prefix of its pairs' and clips' ids. Refuses
+    a name those ids cannot carry (the server takes at most 128 characters, the first a letter or digit)."""
+    experiment = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.abspath(run_dir)))
+    longest_id = f"{experiment}-{'0' * 16}-{0:06d}-right"  # a clip's: experiment, start id, pair index, side
+    if len(longest_id) > 128:
+        raise SystemExit(
+            f"error: the run folder's name ({len(experiment)} characters) is too long for the label server's ids (at "
+            f"most {len(experiment) + 128 - len(longest_id)}): choose a shorter --exp-name"
+        )
+    if not experiment[:1].isalnum():  # the server's ids start with a letter or digit
+        raise SystemExit(
+            f"error: the run folder's name '{experiment}' does not start with a letter or a digit, as the label server's "
+            "ids must: rename the folder"
+        )
+    return experiment
+
+
 # =====================================================================================================================
 # Infrastructure: checkpoints, resuming, stopping, evaluating a saved agent
 # =====================================================================================================================
@@ -1504,10 +1517,19 @@ def load_checkpoint(run_dir):
         raise SystemExit(f"error: cannot read {checkpoint_path} ({type(error).__name__}: {error})") from None
 
 
-def resumed_args(args, checkpoint):
+def flags_on_command_line(argv):
+    """The settings a command line names, at whatever value (--name or --name=value, with hyphens or underscores, and
+    --no-name for False): a flag given at its default value is still given."""
+    fields = set(vars(Args()))
+    names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
+    return {name if name in fields else name.removeprefix("no_") for name in names} & fields
+
+
+def resumed_args(args, checkpoint, argv=()):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
     --eval-only, --eval-episodes, the video flags), and where its label server is now (--label-server, --label-token,
-    when given). Any other flag given that differs from the run's own is refused, not dropped, and so is a checkpoint
+    when given). Any other flag given (set away from its default, or named in `argv`, the command line) that differs
+    from the run's own is refused, not dropped, and so is a checkpoint
     with settings this script does not have (another script's run), and a labelled run's checkpoint without its labels
     (save_labels writes them before every checkpoint)."""
     from_command_line = ("resume", "eval_only", "eval_episodes", "capture_video", "video_format", "video_seconds")
@@ -1517,7 +1539,8 @@ def resumed_args(args, checkpoint):
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
         raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
     defaults = vars(Args())
-    given = {name: value for name, value in vars(args).items() if value != defaults[name]}
+    named = flags_on_command_line(argv)
+    given = {name: value for name, value in vars(args).items() if value != defaults[name] or name in named}
     for name, value in given.items():
         if name not in from_command_line + ("label_server", "label_token") and value != saved.get(name, defaults[name]):
             flag = f"--{name.replace('_', '-')}"
@@ -1652,7 +1675,7 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None  # Infrastructure: --resume, --eval-only
     if checkpoint is not None:
-        args = resumed_args(args, checkpoint)
+        args = resumed_args(args, checkpoint, sys.argv[1:])
     if args.eval_only:
         if checkpoint is None or args.eval_episodes < 1:
             raise SystemExit(
@@ -1668,7 +1691,7 @@ if __name__ == "__main__":
         os.path.normpath(args.resume) if args.resume else f"runs/{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
     )
     fill_runtime_fields(args)
-    validate_args(args)
+    validate_args(args, run_dir)
     rlhf = args.feedback != "true-reward"
     env_kwargs = json.loads(args.env_kwargs)
     os.makedirs(run_dir, exist_ok=True)

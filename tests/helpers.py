@@ -90,9 +90,13 @@ def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, fore
     --eval-only, a checkpoint of another script (the run's settings plus `foreign_setting`, which only that script has)
     and one cut short (tracebacks), and a labelled run's checkpoint without its labels (a traceback after the run had
     written a TensorBoard file; the Atari script went on with none). Each stops with a clear error, and no file is
-    written or changed. The run's own settings given again (what a sweep sends) and what may change are taken."""
+    written or changed. A flag given at its default value counts as given (was dropped: a run of half the default steps
+    "extended" with --total-timesteps at the default ended at once). The run's own settings given again (what a sweep
+    sends) and what may change are taken."""
     saved = vars(module.Args(total_timesteps=1000000, save_model=True))
     runs = {"own": {"args": saved}, "other": {"args": {**saved, foreign_setting: 10}}, "cut": None}
+    default_steps = module.Args().total_timesteps
+    runs["short"] = {"args": vars(module.Args(total_timesteps=default_steps // 2, seed=3, save_model=True))}
     runs["unlabelled"] = {"args": saved, "reward_steps": 16}  # a reward model trained on labels that are not there
     for name, checkpoint in runs.items():
         (cwd / name).mkdir()
@@ -104,6 +108,9 @@ def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, fore
     for args, message in [
         ("--resume own --total-timesteps 2000000", "--total-timesteps 2000000 differs from the run's own 1000000"),
         ("--resume own --seed 7", "--seed 7 differs from the run's own 1"),
+        (f"--resume short --total-timesteps {default_steps}", f"--total-timesteps {default_steps} differs from the run's own"),
+        ("--resume short --seed 1", "--seed 1 differs from the run's own 3"),
+        ("--resume short --no-save-model", "--save-model False differs from the run's own True"),
         ("--resume own --eval-only --eval-episodes 0", "--eval-only needs"),
         ("--resume other", f"other is not a run of this script (its settings have --{foreign_setting.replace('_', '-')})"),
         ("--resume cut", "error: cannot read cut/checkpoint.pt"),

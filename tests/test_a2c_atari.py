@@ -629,6 +629,15 @@ def test_processes_of_a_run_never_share_a_pair_id(tmp_path):
     )
 
 
+def test_a_run_name_the_label_server_cannot_take_is_refused_before_the_run_folder_is_made(tmp_path):
+    # README: bad arguments stop the script before anything is created (this one was refused once the run folder and its
+    # TensorBoard file existed)
+    assert_clear_error(
+        run_atari(tmp_path, f"{TINY} --feedback human --exp-name {'x' * 90}"), "too long for the label server's ids"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_run_folder_name_the_label_server_cannot_take_stops_the_run_at_once(tmp_path, label_server):
     server, rng = label_server(), np.random.default_rng(0)
     history = noisy_history(rng)

@@ -354,6 +354,18 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
 
 
+def test_settings_refused_at_the_start_leave_no_run_folder(tmp_path):
+    # README: bad arguments stop the script before anything is created. These two were refused only once the run
+    # folder and its TensorBoard file existed: a negative --video-seconds, and a run name too long for the label
+    # server's ids (a clip's id is the run folder's name and 30 characters more, at most 128)
+    for args, message in [
+        (f"{TINY} --capture-video --video-seconds -1", "--video-seconds must be 0 (whole episodes) or positive"),
+        (f"{TINY} --feedback human --exp-name {'x' * 90}", "is too long for the label server's ids"),
+    ]:
+        assert_clear_error(run_script(tmp_path, args, timeout=120), message)
+        assert not (tmp_path / "runs").exists(), args
+
+
 def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):
     assert_resumes_it_cannot_do_are_refused_and_change_nothing(tmp_path, rl, "log_every")  # an Atari setting
     # a human-feedback run whose label server has moved: the new address when given, the run's own when not
