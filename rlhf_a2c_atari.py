@@ -139,7 +139,8 @@ class Args:
     update the current rollout's rewards keep the mean they had before it"""
     reward_normalization: Literal["policy", "judged"] = "policy"
     """over which steps the learned reward gets zero mean and --reward-std (C17 2.2.1 does not say): the rewards A2C
-    received in the latest --reward-norm-window iterations (as mrahtz's reproduction), or the labelled clips' steps
+    received in the latest --reward-norm-window iterations (as mrahtz's reproduction), or the steps of the latest
+    --reward-eval-labels labelled clips
     (with --pin-reward-level only its scale: the level stays the rollouts')"""
     reward_norm_window: int = 100
     """with --reward-normalization policy: the statistics cover this many latest iterations (x 80 steps by default);

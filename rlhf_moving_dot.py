@@ -4,6 +4,7 @@ import copy
 import json
 import math
 import os
+import pathlib
 import random
 import re
 import signal
@@ -224,7 +225,7 @@ def move(positions, actions):
 class MovingDotEnv(gym.Env):
     """A dot starts at a random position and should move to the centre. Reward +1 for a step that brings it closer
     (Euclidean distance), -1 for one that takes it further, 0 otherwise (staying, or pushing against the border).
-    Episodes last 2000 steps (TimeLimit at registration); there is no termination."""
+    Episodes last --episode-steps steps (2000 by default; make_env's TimeLimit); there is no termination."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
 
@@ -299,6 +300,9 @@ def validate_args(args: Args, run_dir=None) -> None:
             with open(args.preference_db, "rb") as database:
                 if database.read(16) != b"SQLite format 3\x00":
                     raise SystemExit(f"error: --preference-db {args.preference_db} is not an SQLite database")
+            recorded = PreferenceDatabase.recorded_teacher(args.preference_db)
+            if recorded is not None:
+                refuse_another_teacher(args.preference_db, recorded, {name: getattr(args, name) for name in TEACHER_FLAGS})
     if args.offline and args.teacher_skip_threshold > float("-inf"):
         raise SystemExit(
             "error: --offline labels every pair before RL; a skipping teacher would leave pairs to be asked again during "
@@ -502,7 +506,8 @@ def map_coordinates(conv, obs_shape):
 class Keypoints(nn.Module):
     """Frames to a few coordinates: a 3x3 convolution (stride 2) makes `channels` feature maps, and each map gives the
     expected (row, column) of a softmax over its positions, in [-1, 1] (a spatial soft-argmax). The softmax's
-    temperature is learned per map, starting sharp enough (10) that a bright dot stands out of an empty field."""
+    inverse temperature (its scale) is learned per map, starting sharp enough (10) that a bright dot stands out of an empty
+    field."""
 
     def __init__(self, obs_shape, channels=8):
         super().__init__()
@@ -851,15 +856,19 @@ class PreferenceDatabase:
             with self.connection:
                 self.connection.execute("INSERT INTO teacher VALUES (?)", (json.dumps(teacher),))
             return
-        recorded = json.loads(row[0])
-        differ = [name for name in teacher if recorded.get(name) != teacher[name]]
-        if differ:
-            theirs = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)}" for name in differ)
-            ours = ", ".join(f"--{name.replace('_', '-')} {teacher[name]}" for name in differ)
-            raise SystemExit(
-                f"error: {path} was labelled by a teacher with {theirs}; this run's teacher has {ours}: use another "
-                "--preference-db, or the database's teacher flags"
-            )
+        refuse_another_teacher(path, json.loads(row[0]), teacher)
+
+    @staticmethod
+    def recorded_teacher(path):
+        """The teacher settings recorded in the database at `path`, read without changing it (None: none yet)."""
+        connection = sqlite3.connect(f"{pathlib.Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = connection.execute("SELECT settings FROM teacher").fetchone()
+        except sqlite3.OperationalError:  # no teacher table: a database from before the teacher was recorded
+            row = None
+        finally:
+            connection.close()
+        return None if row is None else json.loads(row[0])
 
     def count(self, segment_len):
         return self.connection.execute("SELECT COUNT(*) FROM preferences WHERE segment_len = ?", (segment_len,)).fetchone()[0]
@@ -895,6 +904,18 @@ class PreferenceDatabase:
 
     def close(self):
         self.connection.close()
+
+
+def refuse_another_teacher(path, recorded, teacher):
+    """Stops the run if the preference database at `path` was labelled by a teacher with other settings."""
+    differ = [name for name in teacher if recorded.get(name) != teacher[name]]
+    if differ:
+        theirs = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)}" for name in differ)
+        ours = ", ".join(f"--{name.replace('_', '-')} {teacher[name]}" for name in differ)
+        raise SystemExit(
+            f"error: {path} was labelled by a teacher with {theirs}; this run's teacher has {ours}: use another "
+            "--preference-db, or the database's teacher flags"
+        )
 
 
 # RLHF: training the reward model (C17 2.2.3)
@@ -1763,7 +1784,7 @@ if __name__ == "__main__":
                 store_answers(teacher, buffer, database)
                 if buffer.size == 0:
                     run_error = no_pretraining_label_error(args, run_dir)
-                    break  # the labels (and the checkpoint) are saved below
+                    break  # the labels (and, with --save-model, the checkpoint) are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)
                 predicted_return[:] = np.where(truncations[-1], 0.0, np.nan)

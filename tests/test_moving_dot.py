@@ -502,6 +502,7 @@ def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(
     assert "was labelled by a teacher with --teacher-epsilon 0.0" in other_teacher.stderr, other_teacher.stderr[-2000:]
     assert "this run's teacher has --teacher-epsilon 0.2" in other_teacher.stderr
     assert dot.PreferenceDatabase(str(database)).count(5) == 30
+    assert not list((tmp_path / "runs").glob("*third*"))  # refused before its run folder was made (README: Flags)
 
 
 @pytest.mark.slow
