@@ -37,7 +37,8 @@ class Args:
     db: str = "labels.sqlite"
     """the SQLite file that holds every clip, pair and answer (created if missing; WAL journal)"""
     token: Optional[str] = None
-    """if set, the trainer's endpoints (upload clips, post pairs, read labels) need `Authorization: Bearer TOKEN`"""
+    """if set, the trainer's endpoints (upload clips, post pairs, read pairs and labels, close and keep, admin, export,
+    import) need `Authorization: Bearer TOKEN`"""
     overlap: int = 1
     """answers needed per pair; the final label is their majority vote (a left/right tie becomes 'equal')"""
     golden_every: int = 5
@@ -73,7 +74,7 @@ class Args:
 
 
 CHOICES = ("left", "right", "equal", "cant_tell")
-METHODS = ("GET", "PUT", "POST")  # every other method gets 405
+METHODS = ("GET", "PUT", "POST")  # every other method gets 405 on a known path
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no slashes, no leading dot, dash or underscore: never a path
 RATER_SEPARATORS = " _.@-'·"  # besides letters, digits and combining marks, in any script (· as in Catalan l·l)
 RATER_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner, inside a name: Persian, Hindi, ... names as written
@@ -871,7 +872,8 @@ def make_handler(store, args, rater_of_key=None):
         def read_json(self, limit=None):
             raw = self.read_body(limit or args.max_json_bytes)
             # a browser sends text/plain or a form from any web page without asking the server first; application/json
-            # from another page needs the server's consent (a preflight OPTIONS, which gets 405): other pages cannot post
+            # from another page needs the server's consent (a preflight OPTIONS, refused with 403 by check_origin): other
+            # pages cannot post
             content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if content_type != "application/json":
                 raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be sent as Content-Type: application/json")
@@ -1073,6 +1075,10 @@ def make_handler(store, args, rater_of_key=None):
             instruction = body.get("instruction", "Which clip is better?")
             if not isinstance(instruction, str) or not 0 < len(instruction) <= 1000:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "'instruction' must be a string of 1-1000 characters")
+            if body.get("pair_id") == "next":  # the path GET /api/pairs/next serves a rater's next pair
+                raise ApiError(
+                    HTTPStatus.BAD_REQUEST, "'pair_id' cannot be 'next': GET /api/pairs/next is a rater's next pair"
+                )
             pair = {
                 "experiment": require_id(body.get("experiment"), "experiment"),
                 "pair_id": require_id(body.get("pair_id"), "pair_id"),
@@ -1187,7 +1193,7 @@ def make_handler(store, args, rater_of_key=None):
 
         def import_answers(self):
             """Answers collected elsewhere, as a crowd platform returns them: TSV with INPUT:video1, INPUT:video2 (the
-            clips, as URLs or ids) and OUTPUT:result (left, right, or error: the clip did not load, kept as cant_tell),
+            clips, as URLs or ids) and OUTPUT:result (left, right, or error: the clip did not load, kept as cant_tell; equal and cant_tell taken as they are),
             optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>). A row without a worker id is a rater of its own,
             crowd-<file>-row<line>, <file> from the file's SHA-256: a row of another file is never taken for a duplicate
             of it. Every row is checked first: one that names no known pair or an unknown result rejects the whole
@@ -1220,7 +1226,7 @@ def make_handler(store, args, rater_of_key=None):
                 except ApiError:
                     rater = None
                 if choice not in CHOICES:
-                    problems.append(f"line {number}: result {result!r} is not left, right or error")
+                    problems.append(f"line {number}: result {result!r} is not left, right, equal, cant_tell or error")
                 elif found is None:
                     problems.append(f"line {number}: no single pair shows the clips {clips[0]} and {clips[1]}")
                 elif rater is None:

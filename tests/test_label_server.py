@@ -252,6 +252,8 @@ PAIR_P2 = b'{"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l", "right_c
             400,
             "golden",
         ),
+        # GET /api/pairs/next is a rater's next pair: a pair of that id could never be read back
+        ("POST", "/api/pairs", {"experiment": "e", "pair_id": "next", "left_clip": "p1-l", "right_clip": "p1-r"}, 400, "next"),
         ("POST", "/api/labels", {"pair_id": "p1", "rater": "ann", "choice": "up"}, 400, "choice"),
         ("POST", "/api/labels", {"pair_id": "p1", "rater": "ann", "choice": 1}, 400, "choice"),
         ("POST", "/api/labels", {"pair_id": "p1", "choice": "left"}, 400, "rater"),
