@@ -36,7 +36,7 @@ message.
     python benchmark/sweep.py local GRID --seeds 1 2 3 4        # a batch: only these seeds' runs (the filters combine)
     python benchmark/sweep.py slurm GRID [--cpus-per-task 1 --mem 4G --time 12:00:00 --partition P]
     python benchmark/sweep.py report GRID                       # {out}/figure.png and {out}/table.md from the logs
-    python benchmark/sweep.py status GRID                       # which runs are done, stopped, not started
+    python benchmark/sweep.py status GRID                       # which runs are done, running, stopped, new
 
 `local` and `slurm` start each run as `sweep.py task {out}/grid_{hash}.json --index I`, which reads a copy of the grid
 taken when the sweep started (named by its content), so an edit of the grid file while a sweep runs, or a later
