@@ -1403,10 +1403,11 @@ def flags_on_command_line(argv):
 
 
 def resumed_args(args: Args, checkpoint, argv=()) -> Args:
-    """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes
-    from this command line. Any other flag given (set away from its default, or named in `argv`, the command line) that differs from the run's own is refused, not dropped, and so is a
-    checkpoint with settings this script does not have (another script's run), and a checkpoint whose reward model
-    trained (pretraining too) on labels that are not in its labels/ folder (it would go on without them)."""
+    """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes from
+    this command line. Any other flag given (set away from its default, or named in `argv`, the command line) that
+    differs from the run's own is refused, not dropped, and so is a checkpoint with settings this script does not have
+    (another script's run), and a checkpoint whose reward model trained (pretraining too) on labels that are not in its
+    labels/ folder (it would go on without them)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
     saved = dict(checkpoint["args"])
     if saved.pop("frozen_reward", None) is not None and not args.eval_only:

@@ -1557,9 +1557,10 @@ def flags_on_command_line(argv):
 
 def resumed_args(args, checkpoint, argv=()):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
-    --eval-only, --eval-episodes). Any other flag given (set away from its default, or named in `argv`, the command line) that differs from the run's own is refused, not dropped, and
-    so is a checkpoint with settings this script does not have (another script's run), and a labelled run's checkpoint
-    without its labels (save_labels writes them before every checkpoint)."""
+    --eval-only, --eval-episodes). Any other flag given (set away from its default, or named in `argv`, the command
+    line) that differs from the run's own is refused, not dropped, and so is a checkpoint with settings this script does
+    not have (another script's run), and a labelled run's checkpoint without its labels (save_labels writes them before
+    every checkpoint)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
     saved = {"reward_form": "action", **checkpoint["args"]}  # saved before --reward-form: r(o, a)
     unknown = sorted(set(saved) - set(vars(args)))

@@ -1529,9 +1529,9 @@ def resumed_args(args, checkpoint, argv=()):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
     --eval-only, --eval-episodes, the video flags), and where its label server is now (--label-server, --label-token,
     when given). Any other flag given (set away from its default, or named in `argv`, the command line) that differs
-    from the run's own is refused, not dropped, and so is a checkpoint
-    with settings this script does not have (another script's run), and a labelled run's checkpoint without its labels
-    (save_labels writes them before every checkpoint)."""
+    from the run's own is refused, not dropped, and so is a checkpoint with settings this script does not have (another
+    script's run), and a labelled run's checkpoint without its labels (save_labels writes them before every
+    checkpoint)."""
     from_command_line = ("resume", "eval_only", "eval_episodes", "capture_video", "video_format", "video_seconds")
     saved = {"reward_input_norm": False, **checkpoint["args"]}  # saved before the flag: its reward model reads raw inputs
     unknown = sorted(set(saved) - set(vars(args)))
