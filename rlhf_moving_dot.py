@@ -951,7 +951,8 @@ def reward_gradient_step(ensemble, optimizer, minibatch, observation, l2_coef, l
 
 
 def train_reward_model(ensemble, optimizer, buffer, observation, l2_coef, steps, batch_size, label_noise, rng):
-    """`steps` Adam steps on random minibatches of labels."""
+    """`steps` Adam steps on random minibatches of labels, in the calling thread (a run trains in RewardModelTraining;
+    tests and benchmark tools call this)."""
     for minibatch in sample_minibatches(buffer, steps, batch_size, rng):
         reward_gradient_step(ensemble, optimizer, minibatch, observation, l2_coef, label_noise)
 
