@@ -26,7 +26,9 @@ limit: the scripts save a checkpoint at the end of the iteration) is resumed fro
 finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on run.lock in its
 folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes
 with the settings it was started with, so a stopped run whose arguments the grid has changed since (steps, flags) is
-refused with a message, not finished at the old ones. Before any run starts, `local` and `slurm` read each run's
+refused with a message, not finished at the old ones. A grid with a key not shown above, a key twice in one object,
+a seed or feedback listed twice, or flags that set what the grid sets for each run (the env flag, --seed,
+--total-timesteps, --feedback, --labels: the script would take the last value) is refused. Before any run starts, `local` and `slurm` read each run's
 command line with its script's own checks (tyro, validate_args): a misspelt env id or flag stops the sweep with one
 message.
 
@@ -76,15 +78,30 @@ C17_CLAIM = {1400: 1.0, 700: 0.95, 350: 0.9}  # C17 3.1: labels -> the share of 
 
 
 # --- the grid ---------------------------------------------------------------------------------------------------------
+GRID_KEYS = ("script", "envs", "feedback", "seeds", "seeds_by_feedback", "steps", "flags", "env_flag", "note")
+ENV_KEYS = ("seeds", "seeds_by_feedback", "steps", "flags")
+
+
 def load_grid(path):
     """The grid file as a dict, with its list of runs under "runs"; a clear error for a malformed one."""
+
+    def refuse_repeated_keys(pairs):  # json.loads would keep the last of two entries and drop the first unseen
+        keys = [key for key, _ in pairs]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise SystemExit(f"error: the grid {path} names {key!r} twice in one object")
+        return dict(pairs)
+
     try:
         text = Path(path).read_text()
-        grid = json.loads(text)
+        grid = json.loads(text, object_pairs_hook=refuse_repeated_keys)
     except (OSError, json.JSONDecodeError) as error:
         raise SystemExit(f"error: cannot read the grid {path}: {error}") from None
     if not isinstance(grid, dict):
         raise SystemExit(f"error: the grid {path} must be a JSON object (see benchmark/sweep.py's docstring)")
+    unknown = sorted(set(grid) - set(GRID_KEYS))
+    if unknown:  # a misspelt key would leave its setting at the default, unseen
+        raise SystemExit(f"error: the grid {path} has an unknown key {unknown[0]!r} (known: {', '.join(GRID_KEYS)})")
     grid["text"] = text  # what frozen_grid copies: the file as these runs were read from it
     for key in ("script", "envs", "feedback"):
         if key not in grid:
@@ -92,6 +109,11 @@ def load_grid(path):
     envs, feedbacks = grid["envs"], grid["feedback"]
     if not (isinstance(envs, dict) and all(isinstance(v, dict) or v is None for v in envs.values())):
         raise SystemExit(f"error: the grid {path}'s 'envs' must map each env id to its settings (an object), not {envs!r}")
+    for env, overrides in envs.items():
+        unknown = sorted(set(overrides or {}) - set(ENV_KEYS))
+        if unknown:
+            known = ", ".join(ENV_KEYS)
+            raise SystemExit(f"error: the grid {path}'s {env} has an unknown key {unknown[0]!r} (known: {known})")
     if not isinstance(feedbacks, list):
         raise SystemExit(f"error: the grid {path}'s 'feedback' must be a list, e.g. [\"true\", 700], not {feedbacks!r}")
     steps = [setting["steps"] for setting in [grid, *[v or {} for v in envs.values()]] if "steps" in setting]
@@ -105,6 +127,9 @@ def load_grid(path):
     for feedback in grid["feedback"]:
         if feedback != "true" and not (isinstance(feedback, int) and not isinstance(feedback, bool) and feedback > 0):
             raise SystemExit(f'error: feedback must be "true" or a positive number of labels, not {feedback!r}')
+        if grid["feedback"].count(feedback) > 1:  # two runs in one folder
+            raise SystemExit(f"error: the grid {path} lists feedback {feedback} twice")
+    managed = {grid.get("env_flag", "--env"), "--seed", "--total-timesteps", "--feedback", "--labels"}
     grid["runs"] = []
     flags = {"": grid.get("flags", "")} | {env: (overrides or {}).get("flags", "") for env, overrides in envs.items()}
     for env, value in flags.items():
@@ -112,9 +137,13 @@ def load_grid(path):
         if not isinstance(value, str):
             raise SystemExit(f"error: the grid {path}'s {which} must be a string of command-line flags, not {value!r}")
         try:
-            shlex.split(value)
+            words = shlex.split(value)
         except ValueError as error:
             raise SystemExit(f"error: the grid {path}'s {which} cannot be split into arguments ({error})") from None
+        for word in words:  # the script takes the last of two values: the grid's seed, steps or labels would be lost
+            name = word.split("=")[0].replace("_", "-")
+            if name in managed:
+                raise SystemExit(f"error: the grid {path}'s {which} set {name}, which the grid sets for each run")
     for env, overrides in grid["envs"].items():
         setting = {**grid, **(overrides or {})}
         seeds, seeds_by_feedback = setting.get("seeds", [1, 2, 3]), setting.get("seeds_by_feedback", {})
@@ -126,6 +155,9 @@ def load_grid(path):
         for listed in [seeds, *seeds_by_feedback.values()]:
             if not (isinstance(listed, list) and all(isinstance(seed, int) for seed in listed)):
                 raise SystemExit(f"error: the grid {path}'s seeds must be a list of whole numbers, not {listed!r}")
+            for seed in listed:
+                if listed.count(seed) > 1:  # one run counted as two seeds
+                    raise SystemExit(f"error: the grid {path}'s {env} lists seed {seed} twice")
         unknown = sorted(set(seeds_by_feedback) - {str(feedback) for feedback in grid["feedback"]})
         if unknown:
             raise SystemExit(

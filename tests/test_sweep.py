@@ -380,6 +380,16 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
         ({"flags": ["--x"]}, "flags must be a string of command-line flags, not ['--x']"),
         ({"flags": "--instruction 'unclosed"}, "flags cannot be split into arguments (No closing quotation)"),
         ({"envs": {"position": {"flags": "--a 'b"}}}, "flags cannot be split into arguments (No closing quotation)"),
+        # each accepted silently: runs sharing a folder, one run counted as several seeds, settings ignored or replaced
+        ({"seeds": [1, 2, 1]}, "lists seed 1 twice"),
+        ({"envs": {"position": {"seeds_by_feedback": {"30": [2, 2]}}}}, "lists seed 2 twice"),
+        ({"feedback": ["true", 30, 30]}, "lists feedback 30 twice"),
+        ({"seedz": [1, 2]}, "has an unknown key 'seedz' (known: "),
+        ({"envs": {"position": {"step": 99}}}, "position has an unknown key 'step' (known: "),
+        ({"flags": TINY_FLAGS + " --seed 3"}, "flags set --seed, which the grid sets for each run"),
+        ({"envs": {"position": {"flags": "--labels 700"}}}, "position flags set --labels, which the grid sets for each run"),
+        ({"flags": "--total_timesteps=500"}, "flags set --total-timesteps, which the grid sets for each run"),
+        ({"flags": "--observation pixels"}, "flags set --observation, which the grid sets for each run"),
     ],
 )
 def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, message):
@@ -391,6 +401,16 @@ def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, mess
     result = sweep("local", grid, "--out", tmp_path / "out")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_that_names_an_env_twice_is_refused_not_read_as_its_last(tmp_path):
+    grid = write_grid(tmp_path)
+    text = grid.read_text().replace('"envs": {"position": {}}', '"envs": {"position": {"seeds": [1]}, "position": {}}')
+    grid.write_text(text)
+    result = sweep("local", grid, "--out", tmp_path / "out")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "names 'position' twice in one object" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
