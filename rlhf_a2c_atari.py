@@ -259,10 +259,15 @@ class RecordEpisodeVideo(gym.Wrapper):
     def reset(self, **kwargs):
         self._flush()
         obs, info = self.env.reset(**kwargs)
-        self.episode += 1
-        cube = round(self.episode ** (1 / 3)) ** 3 == self.episode
-        self.frames = [self.env.render()] if (cube and self.episode < 1000) or self.episode % 1000 == 0 else None
+        self.renumber(self.episode + 1)
         return obs, info
+
+    def renumber(self, episode, record=True):
+        """Call the episode under way `episode` and, if its number is one to save and `record`, record it from this
+        frame on. --resume uses it so that a resumed run's videos follow the earlier ones instead of replacing them."""
+        cube = round(episode ** (1 / 3)) ** 3 == episode
+        self.episode = episode
+        self.frames = [self.env.render()] if record and ((cube and episode < 1000) or episode % 1000 == 0) else None
 
     def step(self, action):
         result = self.env.step(action)
@@ -1367,13 +1372,18 @@ def checked_experiment_name(experiment):
 def stop_on_signals():
     """A threading.Event that Ctrl-C (SIGINT) or SIGTERM (`kill`, `timeout`, a cluster's scheduler) set: the training
     loop stops at the end of the iteration in progress, where everything a resumed run needs is consistent. A second
-    Ctrl-C stops at once (KeyboardInterrupt), without saving."""
+    Ctrl-C stops at once (KeyboardInterrupt), without saving; one within a second of the first is the same stop."""
     stop_requested = threading.Event()
+
+    asked_at = []
 
     def request_stop(signum, frame):
         if stop_requested.is_set():
+            if time.monotonic() - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job,
+                return  # and a sweep task passes its own signal on
             raise KeyboardInterrupt
         stop_requested.set()
+        asked_at.append(time.monotonic())
         # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
         os.write(
             sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
@@ -1439,10 +1449,19 @@ def resumed_args(args: Args, checkpoint, argv=()) -> Args:
     return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
 
 
-def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_training=None, policy_normalizer=None):
+def video_recorder(env):
+    """The environment's RecordEpisodeVideo (environment 0's with --capture-video), or None."""
+    while not isinstance(env, RecordEpisodeVideo):
+        if not isinstance(env, gym.Wrapper):
+            return None
+        env = env.env
+    return env
+
+
+def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_training, policy_normalizer, envs):
     """Everything needed to evaluate the agent or resume the run after `iteration` (exactly as if it had never stopped
     when that ends a label round, but for the games' state), written atomically: a run killed while saving keeps the
-    old checkpoint."""
+    old checkpoint. With --capture-video, the number of the game being filmed, so that a resumed run's videos follow."""
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),
@@ -1450,6 +1469,7 @@ def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, r
         "reward_ensemble": None,  # (a true-reward run)
         "global_step": global_step,
         "iteration": iteration,
+        "video_episode": recorder.episode if (recorder := video_recorder(envs.envs[0])) else None,
     }
     if reward_training is not None:
         state |= reward_training.state_dict()  # after the reward thread's step in progress
@@ -1572,12 +1592,19 @@ if __name__ == "__main__":
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs).to(device)
+    if checkpoint is not None and checkpoint.get("video_episode") is not None and (recorder := video_recorder(envs.envs[0])):
+        recorder.renumber(checkpoint["video_episode"] + 1)  # Infrastructure: the games restart, their videos follow
     recent_returns, recent_predicted = [], []
     learned_z = []  # RLHF: the policy's mean learned reward per step since the last log line (see the log below)
     # the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
     failure = None  # RLHF: why the run must stop early, if it must (the end-of-run saving still happens)
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C and SIGTERM stop the run at the end of an iteration
+
+    def checkpoint_now():  # Infrastructure
+        save_checkpoint(
+            checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer, envs
+        )
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set():  # Infrastructure: Ctrl-C or SIGTERM
@@ -1721,9 +1748,7 @@ if __name__ == "__main__":
 
         completed, completed_step = iteration, global_step
         if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
-            save_checkpoint(
-                checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer
-            )
+            checkpoint_now()
 
     # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels are saved as they
     # arrive, the checkpoint with --save-model; --resume continues the run)
@@ -1734,9 +1759,7 @@ if __name__ == "__main__":
         print(f"{buffer.total} labels saved in {labels_dir}/")
         teacher.close(run_finished=completed == args.num_iterations)
     if args.save_model:
-        save_checkpoint(
-            checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer
-        )
+        checkpoint_now()
         print(f"checkpoint saved to {checkpoint_path}")
     envs.close()
     writer.close()

@@ -398,10 +398,15 @@ class RecordEpisodeVideo(gym.Wrapper):
     def reset(self, **kwargs):
         self._flush()
         obs, info = self.env.reset(**kwargs)
-        self.episode += 1
-        cube = round(self.episode ** (1 / 3)) ** 3 == self.episode
-        self.frames = [self.env.render()] if (cube and self.episode < 1000) or self.episode % 1000 == 0 else None
+        self.renumber(self.episode + 1)
         return obs, info
+
+    def renumber(self, episode, record=True):
+        """Call the episode under way `episode` and, if its number is one to save and `record`, record it from this
+        frame on. --resume uses it so that a resumed run's videos follow the earlier ones instead of replacing them."""
+        cube = round(episode ** (1 / 3)) ** 3 == episode
+        self.episode = episode
+        self.frames = [self.env.render()] if record and ((cube and episode < 1000) or episode % 1000 == 0) else None
 
     def step(self, action):
         result = self.env.step(action)
@@ -1446,13 +1451,19 @@ def experiment_name(run_dir):
 # =====================================================================================================================
 def stop_on_signals():
     """A threading.Event set by Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM): the loop stops at the end
-    of the iteration in progress, where the checkpoint resumes it exactly. A second signal stops at once, unsaved."""
+    of the iteration in progress, where the checkpoint resumes it exactly. A second signal stops at once, unsaved; one
+    within a second of the first is the same stop."""
     stop_requested = threading.Event()
+
+    asked_at = []
 
     def request_stop(signum, frame):
         if stop_requested.is_set():
+            if time.monotonic() - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job,
+                return  # and a sweep task passes its own signal on
             raise KeyboardInterrupt
         stop_requested.set()
+        asked_at.append(time.monotonic())
         # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
         os.write(
             sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
@@ -1512,9 +1523,19 @@ def inner_wrapper(env, kind):
     return env
 
 
+def video_recorder(env):
+    """The environment's RecordEpisodeVideo (environment 0's with --capture-video), or None."""
+    while not isinstance(env, RecordEpisodeVideo):
+        if not isinstance(env, gym.Wrapper):
+            return None
+        env = env.env
+    return env
+
+
 def environment_states(envs):
     """Where each environment is: the dot, its random generator (next episode's start), the step within the episode
-    (TimeLimit) and the episode's true return and length so far (RecordEpisodeStatistics)."""
+    (TimeLimit), the episode's true return and length so far (RecordEpisodeStatistics) and the video's episode
+    number."""
     states = []
     for env in envs.envs:
         statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
@@ -1524,6 +1545,7 @@ def environment_states(envs):
                 "np_random": env.unwrapped.np_random.bit_generator.state,
                 "elapsed_steps": inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps,
                 "episode": (statistics.episode_returns, statistics.episode_lengths, statistics.episode_count),
+                "video_episode": recorder.episode if (recorder := video_recorder(env)) else None,
             }
         )
     return states
@@ -1536,6 +1558,8 @@ def restore_environment_states(envs, states):
         inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps = state["elapsed_steps"]
         statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
         statistics.episode_returns, statistics.episode_lengths, statistics.episode_count = state["episode"]
+        if (recorder := video_recorder(env)) and state.get("video_episode") is not None:
+            recorder.renumber(state["video_episode"], record=False)  # its frames so far were saved when the run stopped
 
 
 def load_checkpoint(run_dir):
@@ -1583,10 +1607,13 @@ def resumed_args(args, checkpoint, argv=()):
     return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
 
 
-def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng):
+def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_training, envs, next_obs, episodes, rng):
     """Everything needed to evaluate the agent or to resume the run after `iteration` (the last completed one), with
     the run's state at this moment (the end of that iteration when the run was stopped by a signal): the episodes in
-    progress, every random stream, the observation the next step starts from and the counters."""
+    progress, every random stream, the observation the next step starts from and the counters. `episodes`: each
+    environment's predicted return so far, and the last 10 episodes' true and learned returns (the progress line's
+    means)."""
+    predicted_return, recent_returns, recent_predicted = episodes
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),
@@ -1598,6 +1625,7 @@ def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_training,
         "env_states": environment_states(envs),
         "next_obs": next_obs.cpu(),
         "predicted_episode_return": predicted_return,
+        "recent_returns": [recent_returns[-10:], recent_predicted[-10:]],
     }
     path = f"{run_dir}/checkpoint.pt"
     torch.save(state, path + ".tmp")
@@ -1732,11 +1760,17 @@ if __name__ == "__main__":
         restore_environment_states(envs, checkpoint["env_states"])
         restore_random_states(rng, checkpoint["random_states"])
         next_obs, predicted_return[:] = checkpoint["next_obs"].to(device), checkpoint["predicted_episode_return"]
-    recent_returns, recent_predicted = [], []
+    recent_returns, recent_predicted = [], []  # the last episodes' true and learned returns, for the progress line
+    if checkpoint is not None and "recent_returns" in checkpoint:  # Infrastructure: resume the progress line's means
+        recent_returns, recent_predicted = (list(returns) for returns in checkpoint["recent_returns"])
     # Infrastructure: the last iteration whose update finished: what a checkpoint resumes after
     completed = start_iteration - 1
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     run_error = None  # why the run cannot go on, raised once everything is saved
+
+    def checkpoint_now():  # Infrastructure
+        episodes = (predicted_return, recent_returns, recent_predicted)
+        save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, episodes, rng)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set():
@@ -1919,7 +1953,7 @@ if __name__ == "__main__":
         if args.save_model and iteration % args.checkpoint_every == 0:  # Infrastructure
             if rlhf:  # the labels never trail the checkpoint, whenever the run is killed
                 save_labels(buffer, teacher, labels_path)
-            save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng)
+            checkpoint_now()
 
     # Infrastructure: the run ended, or stopped at the end of an iteration: nothing is lost (labels always, the
     # checkpoint with --save-model; continue with --resume)
@@ -1933,7 +1967,7 @@ if __name__ == "__main__":
     if database is not None:
         database.close()
     if args.save_model:
-        save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, predicted_return, rng)
+        checkpoint_now()
         print(f"checkpoint saved to {run_dir}/checkpoint.pt")
     envs.close()
     writer.close()

@@ -385,10 +385,15 @@ class RecordEpisodeVideo(gym.Wrapper):
     def reset(self, **kwargs):
         self._flush()
         obs, info = self.env.reset(**kwargs)
-        self.episode += 1
-        cube = round(self.episode ** (1 / 3)) ** 3 == self.episode
-        self.frames = [self.env.render()] if (cube and self.episode < 1000) or self.episode % 1000 == 0 else None
+        self.renumber(self.episode + 1)
         return obs, info
+
+    def renumber(self, episode, record=True):
+        """Call the episode under way `episode` and, if its number is one to save and `record`, record it from this
+        frame on. --resume uses it so that a resumed run's videos follow the earlier ones instead of replacing them."""
+        cube = round(episode ** (1 / 3)) ** 3 == episode
+        self.episode = episode
+        self.frames = [self.env.render()] if record and ((cube and episode < 1000) or episode % 1000 == 0) else None
 
     def step(self, action):
         result = self.env.step(action)
@@ -1484,8 +1489,9 @@ def experiment_name(run_dir):
 def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress):
     """Everything needed to evaluate the agent or resume the run after its last completed iteration. `progress`: that
     iteration, its step count, the observation the next step starts from, each environment's running return and its
-    episode's learned return so far, the pair pool."""
-    iteration, global_step, next_obs_raw, running_return, predicted_episode_return, pair_pool = progress
+    episode's learned return so far, the pair pool, the last 10 episodes' true and learned returns (the progress line's
+    means)."""
+    iteration, global_step, next_obs_raw, running_return, predicted_episode_return, pair_pool, recent = progress
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),
@@ -1503,6 +1509,7 @@ def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_tr
         "running_return": running_return,
         "predicted_episode_return": predicted_episode_return,
         "pair_pool": [(i, rollout) for i, rollout in pair_pool if i <= iteration],  # not a stopped iteration's rollout
+        "recent_returns": [returns[-10:] for returns in recent],
     }
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
@@ -1566,16 +1573,28 @@ def restore_checkpoint(checkpoint, agent, optimizer, obs_rms, return_rms, reward
     return checkpoint["iteration"] + 1, checkpoint["global_step"]
 
 
+def video_recorder(env):
+    """The environment's RecordEpisodeVideo (environment 0's with --capture-video), or None."""
+    while not isinstance(env, RecordEpisodeVideo):
+        if not isinstance(env, gym.Wrapper):
+            return None
+        env = env.env
+    return env
+
+
 def environment_states(envs):
     """Each environment's episode in progress: MuJoCo's integration state (positions, velocities, solver warm start,
-    ...), its random generator, the time-limit and episode-statistics counters."""
+    ...), its random generator, the time-limit and episode-statistics counters, the video's episode number."""
     states = []
     for env in envs.envs:
         sim = env.unwrapped
         physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
         counters = {name: env.get_wrapper_attr(name) for name in ("_elapsed_steps", "episode_returns", "episode_lengths")}
-        states.append({"physics": physics, "np_random": sim.np_random.bit_generator.state, **counters})
+        video_episode = recorder.episode if (recorder := video_recorder(env)) else None
+        states.append(
+            {"physics": physics, "np_random": sim.np_random.bit_generator.state, **counters, "video_episode": video_episode}
+        )
     return states
 
 
@@ -1586,6 +1605,8 @@ def restore_environment_states(envs, states):
         sim.np_random.bit_generator.state = state["np_random"]
         for name in ("_elapsed_steps", "episode_returns", "episode_lengths"):
             env.set_wrapper_attr(name, state[name])
+        if (recorder := video_recorder(env)) and state.get("video_episode") is not None:
+            recorder.renumber(state["video_episode"], record=False)  # its frames so far were saved when the run stopped
 
 
 def random_states(rng):
@@ -1609,13 +1630,18 @@ def restore_random_states(rng, states):
 def stop_on_signals():
     """Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) set the returned flag: the training loop stops at
     the end of the iteration in progress, where everything a resumed run needs is consistent. A second Ctrl-C stops at
-    once, without saving."""
+    once, without saving; one within a second of the first is the same stop."""
     stop_requested = threading.Event()
+
+    asked_at = []
 
     def request_stop(signum, frame):
         if stop_requested.is_set():
+            if time.monotonic() - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job,
+                return  # and a sweep task passes its own signal on
             raise KeyboardInterrupt
         stop_requested.set()
+        asked_at.append(time.monotonic())
         # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
         os.write(
             sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
@@ -1780,14 +1806,17 @@ if __name__ == "__main__":
     else:
         obs_rms.update(next_obs_raw)
     next_obs = torch.Tensor(normalize_obs(obs_rms, next_obs_raw)).to(device)
-    recent_returns, recent_predicted = [], []
+    recent_returns, recent_predicted = [], []  # the last episodes' true and learned returns, for the progress line
+    if checkpoint is not None and "recent_returns" in checkpoint:  # Infrastructure: resume the progress line's means
+        recent_returns, recent_predicted = (list(returns) for returns in checkpoint["recent_returns"])
     # Infrastructure: the last iteration whose update finished, and its step count: what a checkpoint resumes after
     completed, completed_step = start_iteration - 1, global_step
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     error = None
 
     def checkpoint_now():  # Infrastructure
-        progress = (completed, completed_step, next_obs_raw, running_return, predicted_episode_return, pair_pool)
+        recent = (recent_returns, recent_predicted)
+        progress = (completed, completed_step, next_obs_raw, running_return, predicted_episode_return, pair_pool, recent)
         save_checkpoint(checkpoint_path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress)
 
     for iteration in range(start_iteration, args.num_iterations + 1):

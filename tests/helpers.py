@@ -29,9 +29,9 @@ def run_script(cwd, args, timeout=300, script=SCRIPT, env=None):
     )
 
 
-def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240, sig=signal.SIGINT):
+def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240, sig=signal.SIGINT, times=1):
     """Start the script, wait for a stdout line starting with `line_prefix` (or `wait` seconds), then stop it as
-    Ctrl-C would (or with `sig`); returns (stdout after that line, stderr)."""
+    Ctrl-C would (or with `sig`, sent `times` times 10 ms apart); returns (stdout after that line, stderr)."""
     process = subprocess.Popen(
         [sys.executable, str(script), *args.split()],
         cwd=cwd,
@@ -45,14 +45,18 @@ def interrupt_run(cwd, args, line_prefix, script=SCRIPT, wait=240, sig=signal.SI
     for line in process.stdout:
         if line.startswith(line_prefix) or time.time() > deadline:
             break
-    process.send_signal(sig)
+    for _ in range(times):
+        process.send_signal(sig)
+        time.sleep(0.01)
     return process.communicate(timeout=120)
 
 
 def assert_sigterm_stops_like_ctrl_c(cwd, args, script=SCRIPT):
     """`kill`, `timeout` or a cluster's scheduler stop a run with SIGTERM: it must still write its checkpoint (the
-    periodic one is kept out of the way here), at the last iteration it completed."""
-    out, err = interrupt_run(cwd, args + " --save-model --checkpoint-every 100000", "step ", script=script, sig=signal.SIGTERM)
+    periodic one is kept out of the way here), at the last iteration it completed. Sent twice at once, as when Slurm
+    signals every process of a job and a sweep task passes its own signal on, it is still one stop that saves."""
+    args += " --save-model --checkpoint-every 100000"
+    out, err = interrupt_run(cwd, args, "step ", script=script, sig=signal.SIGTERM, times=2)
     assert "interrupted at step" in out, err
     stopped_at = int(out.split("interrupted at step ")[1].split()[0])
     checkpoint = torch.load(only_run_dir(cwd) / "checkpoint.pt", weights_only=False)
@@ -75,6 +79,25 @@ def assert_a_kill_after_a_checkpoint_loses_no_label(cwd, args, line_prefix, scri
     resumed = run_script(cwd, f"--resume {run_dir}", timeout=600, script=script)
     assert resumed.returncode == 0, resumed.stderr
     assert len(np.load(run_dir / "labels.npz")["mu"]) == settings.labels
+
+
+def assert_a_resumed_run_keeps_its_videos(cwd, args, script=SCRIPT, resume_flags=""):
+    """A run with --capture-video stopped (SIGTERM) after its first progress line and resumed (with `resume_flags`):
+    the videos saved before the stop stay as they were, and the episodes after it get the numbers they get in the run
+    uninterrupted."""
+    (cwd / "whole").mkdir(), (cwd / "stopped").mkdir()
+    whole = run_script(cwd / "whole", args, script=script)
+    assert whole.returncode == 0, whole.stderr
+    out, err = interrupt_run(cwd / "stopped", args, "step ", script, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(cwd / "stopped")
+    before = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
+    assert "episode-0.mp4" in before
+    resumed = run_script(cwd / "stopped", f"--resume {run_dir} {resume_flags}", script=script)
+    assert resumed.returncode == 0, resumed.stderr
+    after = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
+    assert {name: after[name] for name in before} == before  # none replaced
+    assert sorted(after) == sorted(video.name for video in (only_run_dir(cwd / "whole") / "videos").iterdir())
 
 
 def assert_clear_error(result, message):
@@ -161,6 +184,12 @@ def assert_predicted_returns_are_of_whole_episodes(logged, rl_start, num_envs, b
     rollout_ends = Counter(-(-step // batch_size) * batch_size for step in begun_in_rl)
     assert Counter(step for step, _ in logged.get("charts/predicted_return", [])) == rollout_ends
     return len(ended_in_rl) - len(begun_in_rl)
+
+
+def progress_lines(stdout, after_step):
+    """A run's progress lines ("step N, SPS S, true return ...") past `after_step`, without the steps/s (timing)."""
+    lines = [line for line in stdout.splitlines() if re.match(r"step \d+, SPS \d+", line)]
+    return [re.sub(r", SPS \d+", "", line) for line in lines if int(line.split(",")[0].split()[1]) > after_step]
 
 
 def only_run_dir(cwd):

@@ -555,6 +555,21 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_none(tmp_path):
+    # a resumed run restarts its games: the game under way at the stop was saved as far as it went (episode 0), and
+    # the restarted one is the next game, 1 (games 0, 1, 8, 27, ... are filmed)
+    args = TINY + " --feedback true-reward --capture-video --save-model"
+    out, err = interrupt_run(tmp_path, args, "step ", script=SCRIPT, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    first_game = (run_dir / "videos" / "episode-0.mp4").read_bytes()
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (run_dir / "videos" / "episode-0.mp4").read_bytes() == first_game
+    assert sorted(video.name for video in (run_dir / "videos").iterdir()) == ["episode-0.mp4", "episode-1.mp4"]
+
+
+@pytest.mark.slow
 def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path, label_server):
     server = label_server()
     # (also the one run with the reward normalised over the labelled clips' steps, the other normalisation)

@@ -22,6 +22,7 @@ from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
+    assert_a_resumed_run_keeps_its_videos,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
@@ -34,6 +35,7 @@ from helpers import (
     assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     interrupt_run,
     only_run_dir,
+    progress_lines,
     run_script,
     scalars,
     rating_by_script,
@@ -476,6 +478,12 @@ def test_true_reward_mode_queries_no_labels_and_captures_video(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_none(tmp_path):
+    # stopped in episode 1 or 2 of environment 0 (100-step episodes, 64 steps an iteration), after episode 0's video
+    assert_a_resumed_run_keeps_its_videos(tmp_path, TINY + " --feedback true-reward --capture-video --save-model", SCRIPT)
+
+
+@pytest.mark.slow
 def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(tmp_path):
     database = tmp_path / "prefs.sqlite"
     args = TINY.replace("--total-timesteps 1536", "--total-timesteps 2048") + f" --offline --preference-db {database}"
@@ -770,12 +778,13 @@ def uninterrupted_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("uninterrupted")
     result = run_dot(cwd, LONG + " --save-model")
     assert result.returncode == 0, result.stderr
-    return only_run_dir(cwd)
+    return only_run_dir(cwd), result.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_after", ["pretraining: step", "step "])
 def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(tmp_path, uninterrupted_run, stop_after):
+    uninterrupted_dir, uninterrupted_stdout = uninterrupted_run
     """SIGTERM stops the run at the end of the iteration under way; the checkpoint carries every random generator,
     the environments and the counters, so the resumed run goes on as if it had never stopped."""
     out, err = interrupt_run(tmp_path, LONG + " --save-model", stop_after, SCRIPT, sig=signal.SIGTERM)
@@ -787,20 +796,22 @@ def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(t
     resumed = run_dot(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr
     ours = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    theirs = torch.load(uninterrupted_run / "checkpoint.pt", weights_only=False)
+    theirs = torch.load(uninterrupted_dir / "checkpoint.pt", weights_only=False)
     for part in ("agent", "reward_ensemble"):
         for name, value in theirs[part].items():
             assert torch.equal(ours[part][name], value), (part, name)
     assert torch.equal(ours["l2_coef"], theirs["l2_coef"])
     assert ours["fits"] == theirs["fits"]  # the count that decides when the reward model is validated went on too
-    ours, theirs = np.load(run_dir / "labels.npz"), np.load(uninterrupted_run / "labels.npz")
+    ours, theirs = np.load(run_dir / "labels.npz"), np.load(uninterrupted_dir / "labels.npz")
     for key in theirs.files:  # the same pairs, answers, validation splits and bootstrap weights
         np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
     # and the resumed part of the run logged what the uninterrupted one did at the same steps
-    resumed_log, whole_log = events_since(run_dir, before), scalars(uninterrupted_run)
+    resumed_log, whole_log = events_since(run_dir, before), scalars(uninterrupted_dir)
     for tag in ("losses/policy_loss", "reward_model/loss", "charts/episodic_return"):
         whole = [(step, value) for step, value in whole_log[tag] if step > stopped_at]
         assert resumed_log[tag] == whole, tag
+    # and printed the same progress lines: their true and learned returns are means over the last 10 episodes
+    assert progress_lines(resumed.stdout, stopped_at) == progress_lines(uninterrupted_stdout, stopped_at)
 
 
 BAD_SETTINGS = [

@@ -12,6 +12,7 @@ import torch
 import tyro
 from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
+    assert_a_resumed_run_keeps_its_videos,
     assert_sigterm_stops_like_ctrl_c,
     RLHF_TAGS,
     assert_tags,
@@ -21,6 +22,7 @@ from helpers import (
     assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     interrupt_run,
     only_run_dir,
+    progress_lines,
     run_script,
     scalars,
 )
@@ -165,8 +167,11 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path
 
 
 @pytest.mark.slow
-def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path):
-    args = STOPPABLE + " --reward-dropout 0.5"  # the dropout masks' random stream continues too
+# Hopper's episodes end early (the absorbing state); Pusher-v5's last 100 steps, about 5 ending per iteration, so the
+# progress line's mean over the last 10 episodes spans the stop
+@pytest.mark.parametrize("env_id", ["Hopper-v4", "Pusher-v5"])
+def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path, env_id):
+    args = STOPPABLE.replace("Hopper-v4", env_id) + " --reward-dropout 0.5"  # the dropout masks' random stream too
     args += " --pair-pool-rollouts 3"  # and the pair pool, with rollouts from before the stop
     (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
     whole = run_script(tmp_path / "whole", args, timeout=600)
@@ -194,6 +199,8 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     expected_labels, labels = np.load(whole_dir / "labels.npz"), np.load(run_dir / "labels.npz")
     for key in expected_labels:
         np.testing.assert_array_equal(labels[key], expected_labels[key], err_msg=key)
+    # and the progress lines: their true and learned returns are means over the last 10 episodes, the stop's included
+    assert progress_lines(resumed.stdout, stopped_at) == progress_lines(whole.stdout, stopped_at)
 
 
 @pytest.mark.slow
@@ -408,6 +415,15 @@ def test_capture_video_writes_playable_clips(tmp_path):
     frames = imageio.mimread(videos[0])
     assert frames[0].shape == (160, 160, 3) and len(frames) >= 2
     assert np.std(frames[0]) > 1  # a rendered scene, not a blank frame
+
+
+@pytest.mark.slow
+def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_none(tmp_path):
+    # environment 0 films episodes 0, 1 and 8 (Hopper's falls end them within 20-60 steps of a new policy): the stop
+    # comes after episodes 0 and 1 were saved, in the run's first RL iterations
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --feedback true-reward --capture-video"
+    # (the video flags are the resuming command's own)
+    assert_a_resumed_run_keeps_its_videos(tmp_path, args + " --save-model", resume_flags="--capture-video")
 
 
 def test_a_checkpoint_from_before_reward_input_norm_resumes_with_raw_reward_inputs(tmp_path):
