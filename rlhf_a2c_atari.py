@@ -1373,21 +1373,19 @@ def stop_on_signals():
     """A threading.Event that Ctrl-C (SIGINT) or SIGTERM (`kill`, `timeout`, a cluster's scheduler) set: the training
     loop stops at the end of the iteration in progress, where everything a resumed run needs is consistent. A second
     Ctrl-C stops at once (KeyboardInterrupt), without saving; one within a second of the first is the same stop."""
-    stop_requested = threading.Event()
-
-    asked_at = []
+    stop_requested, asked_at = threading.Event(), []
 
     def request_stop(signum, frame):
-        if stop_requested.is_set():
-            if time.monotonic() - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job,
-                return  # and a sweep task passes its own signal on
+        now = time.monotonic()
+        if asked_at:  # (not the event: a second signal can arrive while the first handler sets it)
+            if now - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job, and a sweep
+                return  # task passes its own signal on
             raise KeyboardInterrupt
+        asked_at.append(now)
         stop_requested.set()
-        asked_at.append(time.monotonic())
         # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
-        os.write(
-            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
-        )
+        message = b"stopping at the end of this iteration (Ctrl-C again, a second later, to stop at once, unsaved)\n"
+        os.write(sys.stderr.fileno(), message)
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
@@ -1461,7 +1459,8 @@ def video_recorder(env):
 def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_training, policy_normalizer, envs):
     """Everything needed to evaluate the agent or resume the run after `iteration` (exactly as if it had never stopped
     when that ends a label round, but for the games' state), written atomically: a run killed while saving keeps the
-    old checkpoint. With --capture-video, the number of the game being filmed, so that a resumed run's videos follow."""
+    old checkpoint. With --capture-video, the number of environment 0's game under way, so that a resumed run's videos
+    follow (after a kill, the games since the last checkpoint's are filmed again under their numbers)."""
     state = {
         "args": vars(args),
         "agent": agent.state_dict(),

@@ -414,10 +414,13 @@ class RecordEpisodeVideo(gym.Wrapper):
             self.frames.append(self.env.render())
         return result
 
+    def video_path(self, episode):
+        return f"{self.folder}/episode-{episode}.mp4"
+
     def _flush(self):
         if self.frames:
             fps = self.env.metadata["render_fps"]
-            imageio.mimsave(f"{self.folder}/episode-{self.episode}.mp4", self.frames, fps=fps, macro_block_size=1)
+            imageio.mimsave(self.video_path(self.episode), self.frames, fps=fps, macro_block_size=1)
         self.frames = None
 
     def close(self):
@@ -1453,21 +1456,19 @@ def stop_on_signals():
     """A threading.Event set by Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM): the loop stops at the end
     of the iteration in progress, where the checkpoint resumes it exactly. A second signal stops at once, unsaved; one
     within a second of the first is the same stop."""
-    stop_requested = threading.Event()
-
-    asked_at = []
+    stop_requested, asked_at = threading.Event(), []
 
     def request_stop(signum, frame):
-        if stop_requested.is_set():
-            if time.monotonic() - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job,
-                return  # and a sweep task passes its own signal on
+        now = time.monotonic()
+        if asked_at:  # (not the event: a second signal can arrive while the first handler sets it)
+            if now - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job, and a sweep
+                return  # task passes its own signal on
             raise KeyboardInterrupt
+        asked_at.append(now)
         stop_requested.set()
-        asked_at.append(time.monotonic())
         # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
-        os.write(
-            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
-        )
+        message = b"stopping at the end of this iteration (Ctrl-C again, a second later, to stop at once, unsaved)\n"
+        os.write(sys.stderr.fileno(), message)
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
@@ -1534,8 +1535,8 @@ def video_recorder(env):
 
 def environment_states(envs):
     """Where each environment is: the dot, its random generator (next episode's start), the step within the episode
-    (TimeLimit), the episode's true return and length so far (RecordEpisodeStatistics) and the video's episode
-    number."""
+    (TimeLimit), the episode's true return and length so far and the episode count (RecordEpisodeStatistics; the count
+    numbers videos)."""
     states = []
     for env in envs.envs:
         statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
@@ -1545,7 +1546,6 @@ def environment_states(envs):
                 "np_random": env.unwrapped.np_random.bit_generator.state,
                 "elapsed_steps": inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps,
                 "episode": (statistics.episode_returns, statistics.episode_lengths, statistics.episode_count),
-                "video_episode": recorder.episode if (recorder := video_recorder(env)) else None,
             }
         )
     return states
@@ -1558,8 +1558,9 @@ def restore_environment_states(envs, states):
         inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps = state["elapsed_steps"]
         statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
         statistics.episode_returns, statistics.episode_lengths, statistics.episode_count = state["episode"]
-        if (recorder := video_recorder(env)) and state.get("video_episode") is not None:
-            recorder.renumber(state["video_episode"], record=False)  # its frames so far were saved when the run stopped
+        if recorder := video_recorder(env):  # videos number on from the saved ones
+            episode = statistics.episode_count  # under way: filmed on only if the stop saved no clip of it (a kill saves none)
+            recorder.renumber(episode, record=not os.path.exists(recorder.video_path(episode)))
 
 
 def load_checkpoint(run_dir):

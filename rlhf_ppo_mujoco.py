@@ -401,10 +401,13 @@ class RecordEpisodeVideo(gym.Wrapper):
             self.frames.append(self.env.render())
         return result
 
+    def video_path(self, episode):
+        return f"{self.folder}/episode-{episode}.{self.video_format}"
+
     def _flush(self):
         if self.frames:
             fps = self.env.metadata.get("render_fps", 30)
-            path = f"{self.folder}/episode-{self.episode}.{self.video_format}"
+            path = self.video_path(self.episode)
             if self.video_format == "gif":  # every k-th frame, about 15 per second, in real time: small files
                 stride = gif_frame_stride(fps)
                 imageio.mimsave(path, self.frames[::stride], duration=1000 * stride / fps, loop=0)
@@ -1582,19 +1585,19 @@ def video_recorder(env):
     return env
 
 
+EPISODE_COUNTERS = ("_elapsed_steps", "episode_returns", "episode_lengths", "episode_count")  # TimeLimit, statistics
+
+
 def environment_states(envs):
     """Each environment's episode in progress: MuJoCo's integration state (positions, velocities, solver warm start,
-    ...), its random generator, the time-limit and episode-statistics counters, the video's episode number."""
+    ...), its random generator, the time-limit and episode-statistics counters (the episode count numbers videos)."""
     states = []
     for env in envs.envs:
         sim = env.unwrapped
         physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
-        counters = {name: env.get_wrapper_attr(name) for name in ("_elapsed_steps", "episode_returns", "episode_lengths")}
-        video_episode = recorder.episode if (recorder := video_recorder(env)) else None
-        states.append(
-            {"physics": physics, "np_random": sim.np_random.bit_generator.state, **counters, "video_episode": video_episode}
-        )
+        counters = {name: env.get_wrapper_attr(name) for name in EPISODE_COUNTERS}
+        states.append({"physics": physics, "np_random": sim.np_random.bit_generator.state, **counters})
     return states
 
 
@@ -1603,10 +1606,12 @@ def restore_environment_states(envs, states):
         sim = env.unwrapped
         mujoco.mj_setState(sim.model, sim.data, state["physics"], mujoco.mjtState.mjSTATE_INTEGRATION)
         sim.np_random.bit_generator.state = state["np_random"]
-        for name in ("_elapsed_steps", "episode_returns", "episode_lengths"):
-            env.set_wrapper_attr(name, state[name])
-        if (recorder := video_recorder(env)) and state.get("video_episode") is not None:
-            recorder.renumber(state["video_episode"], record=False)  # its frames so far were saved when the run stopped
+        for name in EPISODE_COUNTERS:
+            if name in state:  # (episode_count: not in checkpoints before 2026-12-02)
+                env.set_wrapper_attr(name, state[name])
+        if (recorder := video_recorder(env)) and "episode_count" in state:  # videos number on from the saved ones
+            episode = state["episode_count"]  # under way: filmed on only if the stop saved no clip of it (a kill saves none)
+            recorder.renumber(episode, record=not os.path.exists(recorder.video_path(episode)))
 
 
 def random_states(rng):
@@ -1631,21 +1636,19 @@ def stop_on_signals():
     """Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) set the returned flag: the training loop stops at
     the end of the iteration in progress, where everything a resumed run needs is consistent. A second Ctrl-C stops at
     once, without saving; one within a second of the first is the same stop."""
-    stop_requested = threading.Event()
-
-    asked_at = []
+    stop_requested, asked_at = threading.Event(), []
 
     def request_stop(signum, frame):
-        if stop_requested.is_set():
-            if time.monotonic() - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job,
-                return  # and a sweep task passes its own signal on
+        now = time.monotonic()
+        if asked_at:  # (not the event: a second signal can arrive while the first handler sets it)
+            if now - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job, and a sweep
+                return  # task passes its own signal on
             raise KeyboardInterrupt
+        asked_at.append(now)
         stop_requested.set()
-        asked_at.append(time.monotonic())
         # os.write, not print: a signal can arrive while print is writing, and print is not reentrant
-        os.write(
-            sys.stderr.fileno(), b"stopping at the end of this iteration (Ctrl-C again to stop at once, without saving)\n"
-        )
+        message = b"stopping at the end of this iteration (Ctrl-C again, a second later, to stop at once, unsaved)\n"
+        os.write(sys.stderr.fileno(), message)
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)

@@ -28,9 +28,9 @@ folder, the script also after its task was killed; where the file system has wor
 with the settings it was started with, so a stopped run whose arguments the grid has changed since (steps, flags) is
 refused with a message, not finished at the old ones. A grid with a key not shown above, a key twice in one object,
 a seed or feedback listed twice, or flags that set what the grid sets for each run (the env flag, --seed,
---total-timesteps, --feedback, --labels: the script would take the last value) is refused. Before any run starts, `local` and `slurm` read each run's
-command line with its script's own checks (tyro, validate_args): a misspelt env id or flag stops the sweep with one
-message.
+--total-timesteps, --feedback, --labels: the script would take the last value; --no-save-model) is refused. Before
+any run starts, `local` and `slurm` read each run's command line with its script's own checks (tyro, validate_args): a
+misspelt env id or flag stops the sweep with one message.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
@@ -127,9 +127,14 @@ def load_grid(path):
     for feedback in grid["feedback"]:
         if feedback != "true" and not (isinstance(feedback, int) and not isinstance(feedback, bool) and feedback > 0):
             raise SystemExit(f'error: feedback must be "true" or a positive number of labels, not {feedback!r}')
+    for feedback in grid["feedback"]:
         if grid["feedback"].count(feedback) > 1:  # two runs in one folder
             raise SystemExit(f"error: the grid {path} lists feedback {feedback} twice")
-    managed = {grid.get("env_flag", "--env"), "--seed", "--total-timesteps", "--feedback", "--labels"}
+    env_flag = grid.get("env_flag", "--env")
+    if not (isinstance(env_flag, str) and env_flag.startswith("--")):
+        raise SystemExit(f'error: the grid {path}\'s env_flag must be a flag of its script, e.g. "--env", not {env_flag!r}')
+    # flags the grid sets for each run (the script takes the last value given), and the checkpoints resume needs
+    managed = {env_flag.replace("_", "-"), "--seed", "--total-timesteps", "--feedback", "--labels", "--no-save-model"}
     grid["runs"] = []
     flags = {"": grid.get("flags", "")} | {env: (overrides or {}).get("flags", "") for env, overrides in envs.items()}
     for env, value in flags.items():
@@ -157,7 +162,7 @@ def load_grid(path):
                 raise SystemExit(f"error: the grid {path}'s seeds must be a list of whole numbers, not {listed!r}")
             for seed in listed:
                 if listed.count(seed) > 1:  # one run counted as two seeds
-                    raise SystemExit(f"error: the grid {path}'s {env} lists seed {seed} twice")
+                    raise SystemExit(f"error: the grid {path} lists seed {seed} twice ({env}: {listed})")
         unknown = sorted(set(seeds_by_feedback) - {str(feedback) for feedback in grid["feedback"]})
         if unknown:
             raise SystemExit(

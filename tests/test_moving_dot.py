@@ -784,9 +784,9 @@ def uninterrupted_run(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_after", ["pretraining: step", "step "])
 def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(tmp_path, uninterrupted_run, stop_after):
-    uninterrupted_dir, uninterrupted_stdout = uninterrupted_run
     """SIGTERM stops the run at the end of the iteration under way; the checkpoint carries every random generator,
     the environments and the counters, so the resumed run goes on as if it had never stopped."""
+    uninterrupted_dir, uninterrupted_stdout = uninterrupted_run
     out, err = interrupt_run(tmp_path, LONG + " --save-model", stop_after, SCRIPT, sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)

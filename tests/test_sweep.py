@@ -390,6 +390,9 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
         ({"envs": {"position": {"flags": "--labels 700"}}}, "position flags set --labels, which the grid sets for each run"),
         ({"flags": "--total_timesteps=500"}, "flags set --total-timesteps, which the grid sets for each run"),
         ({"flags": "--observation pixels"}, "flags set --observation, which the grid sets for each run"),
+        ({"flags": TINY_FLAGS + " --no-save-model"}, "flags set --no-save-model"),  # a stop would leave nothing to resume
+        ({"env_flag": 3}, "env_flag must be a flag of its script"),
+        ({"feedback": ["true", 1, True]}, 'feedback must be "true" or a positive number of labels, not True'),
     ],
 )
 def test_a_grid_that_cannot_run_is_refused_with_a_message(tmp_path, change, message):
