@@ -1519,14 +1519,8 @@ def restore_random_states(rng, states):
 
 
 def inner_wrapper(env, kind):
+    """The wrapper of type `kind` in the environment's stack, or None."""
     while not isinstance(env, kind):
-        env = env.env
-    return env
-
-
-def video_recorder(env):
-    """The environment's RecordEpisodeVideo (environment 0's with --capture-video), or None."""
-    while not isinstance(env, RecordEpisodeVideo):
         if not isinstance(env, gym.Wrapper):
             return None
         env = env.env
@@ -1558,7 +1552,7 @@ def restore_environment_states(envs, states):
         inner_wrapper(env, gym.wrappers.TimeLimit)._elapsed_steps = state["elapsed_steps"]
         statistics = inner_wrapper(env, gym.wrappers.RecordEpisodeStatistics)
         statistics.episode_returns, statistics.episode_lengths, statistics.episode_count = state["episode"]
-        if recorder := video_recorder(env):  # videos number on from the saved ones
+        if recorder := inner_wrapper(env, RecordEpisodeVideo):  # environment 0's with --capture-video: numbers follow
             episode = statistics.episode_count  # under way: filmed on only if the stop saved no clip of it (a kill saves none)
             recorder.renumber(episode, record=not os.path.exists(recorder.video_path(episode)))
 
