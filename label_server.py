@@ -1193,11 +1193,11 @@ def make_handler(store, args, rater_of_key=None):
 
         def import_answers(self):
             """Answers collected elsewhere, as a crowd platform returns them: TSV with INPUT:video1, INPUT:video2 (the
-            clips, as URLs or ids) and OUTPUT:result (left, right, or error: the clip did not load, kept as cant_tell; equal and cant_tell taken as they are),
-            optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>). A row without a worker id is a rater of its own,
-            crowd-<file>-row<line>, <file> from the file's SHA-256: a row of another file is never taken for a duplicate
-            of it. Every row is checked first: one that names no known pair or an unknown result rejects the whole
-            file, and nothing is recorded. Importing the same file again records nothing new."""
+            clips, as URLs or ids) and OUTPUT:result (left, right, equal, cant_tell, or error: the clip did not load,
+            kept as cant_tell), optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>). A row without a worker id is
+            a rater of its own, crowd-<file>-row<line>, <file> from the file's SHA-256: a row of another file is never
+            taken for a duplicate of it. Every row is checked first: one that names no known pair or an unknown result
+            rejects the whole file, and nothing is recorded. Importing the same file again records nothing new."""
             self.require_token()
             body = self.read_body(args.max_clip_bytes)
             try:

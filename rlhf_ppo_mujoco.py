@@ -1641,7 +1641,7 @@ def stop_on_signals():
     def request_stop(signum, frame):
         now = time.monotonic()
         if asked_at:  # (not the event: a second signal can arrive while the first handler sets it)
-            if now - asked_at[0] < 1:  # the same stop sent twice: Slurm signals every process of a job, and a sweep
+            if now - asked_at[0] < 1:  # the same stop sent twice: a scheduler may signal every process, and a sweep
                 return  # task passes its own signal on
             raise KeyboardInterrupt
         asked_at.append(now)

@@ -873,7 +873,8 @@ def test_the_first_stop_request_ends_the_run_at_the_end_of_the_iteration_and_a_l
         assert not stop_requested.is_set()
         signal.raise_signal(signal.SIGTERM)  # `kill`, `timeout`, a cluster's scheduler: as Ctrl-C
         assert stop_requested.is_set()
-        signal.raise_signal(signal.SIGTERM)  # the same stop again at once (Slurm and a sweep task both send it): no raise
+        # the same stop again at once (a scheduler and a sweep task may both send it): no raise
+        signal.raise_signal(signal.SIGTERM)
         time.sleep(1.1)
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C, later: stop at once
             signal.raise_signal(signal.SIGINT)
