@@ -426,6 +426,25 @@ def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_no
     assert_a_resumed_run_keeps_its_videos(tmp_path, args + " --save-model", resume_flags="--capture-video")
 
 
+@pytest.mark.slow
+def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
+    # filmed, stopped; resumed without --capture-video (this script takes the video flags from the resuming command),
+    # stopped; resumed filming again: the third part's videos follow the first part's instead of replacing them
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --feedback true-reward --save-model"
+    out, err = interrupt_run(tmp_path, args + " --capture-video", "step ", sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    filmed = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
+    assert "episode-0.mp4" in filmed
+    out, err = interrupt_run(tmp_path, f"--resume {run_dir}", "step ", sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    assert {video.name for video in (run_dir / "videos").iterdir()} == set(filmed)  # nothing filmed meanwhile
+    resumed = run_script(tmp_path, f"--resume {run_dir} --capture-video")
+    assert resumed.returncode == 0, resumed.stderr
+    after = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
+    assert {name: after[name] for name in filmed} == filmed  # (the code before restarted at episode 0 here)
+
+
 def test_a_checkpoint_from_before_reward_input_norm_resumes_with_raw_reward_inputs(tmp_path):
     # checkpoints written before --reward-input-norm have neither the flag nor the input statistics: such a run goes
     # on reading raw observations, and says so in its settings
