@@ -26,7 +26,10 @@ limit: the scripts save a checkpoint at the end of the iteration) is resumed fro
 finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on run.lock in its
 folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes
 with the settings it was started with, so a stopped run whose arguments the grid has changed since (steps, flags) is
-refused with a message, not finished at the old ones. A grid with a key not shown above, a key twice in one object,
+refused with a message, not finished at the old ones. A finished run that ran with other settings than the grid
+gives it now (a grid edited after it finished, or another grid's runs in the same --out) stops `local`, `slurm` and
+`report` with a message naming it and what differs, rather than count as done and be reported as the grid's; a
+true-reward run is compared without the flags it never reads (TRUE_REWARD_RUNS_IGNORE). A grid with a key not shown above, a key twice in one object,
 a seed or feedback listed twice, or flags that set what the grid sets for each run (the env flag, --seed,
 --total-timesteps, --feedback, --labels: the script would take the last value; --no-save-model) is refused. Before
 any run starts, `local` and `slurm` read each run's command line with its script's own checks (tyro, validate_args): a
@@ -78,6 +81,24 @@ C17_CLAIM = {1400: 1.0, 700: 0.95, 350: 0.9}  # C17 3.1: labels -> the share of 
 
 
 # --- the grid ---------------------------------------------------------------------------------------------------------
+# the flags a --feedback true-reward run never reads (tests/test_sweep.py runs one with all of them changed: the same
+# run): a finished true-reward run is the grid's whatever they say, so grids that differ only in the preference
+# learning share their true-reward runs (copied from one sweep to the other); a script not named here: every flag counts
+TRUE_REWARD_RUNS_IGNORE = {
+    "rlhf_ppo_mujoco.py": (
+        "labels", "segment_len", "pretrain_fraction", "pretrain_steps", "pretrain_epochs", "schedule_horizon",
+        "selection", "candidate_multiplier", "pair_pool_rollouts", "ensemble_size", "reward_lr", "reward_dropout",
+        "reward_input_norm", "reward_batch_size", "reward_updates", "reward_eval_every", "reward_std",
+        "anchor_absorbing", "label_noise", "teacher_beta", "teacher_gamma", "teacher_epsilon",
+        "teacher_skip_threshold", "teacher_equal_margin", "instruction", "clip_size", "clip_fps",
+    ),
+    "rlhf_moving_dot.py": (
+        "labels", "segment_len", "pretrain_fraction", "pretrain_steps", "pretrain_epochs", "schedule_horizon",
+        "selection", "candidate_multiplier", "ensemble_size", "reward_form", "reward_lr", "reward_batch_size",
+        "reward_updates", "reward_eval_every", "reward_std", "label_noise", "teacher_beta", "teacher_gamma",
+        "teacher_epsilon", "teacher_skip_threshold", "teacher_equal_margin", "instruction", "clip_fps",
+    ),
+}  # fmt: skip
 GRID_KEYS = ("script", "envs", "feedback", "seeds", "seeds_by_feedback", "steps", "flags", "env_flag", "note")
 ENV_KEYS = ("seeds", "seeds_by_feedback", "steps", "flags")
 
@@ -183,22 +204,36 @@ def load_grid(path):
     return grid
 
 
+def imported_script(grid):
+    """The grid's script as a module (tyro reads the Args docstrings' source), the environment the runs inherit left as
+    it was (the MuJoCo script sets MUJOCO_GL at import)."""
+    import importlib.util
+
+    environment = dict(os.environ)
+    spec = importlib.util.spec_from_file_location(f"checked_{Path(grid['script']).stem}", ROOT / grid["script"])
+    script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(script)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    return script
+
+
 def check_runs(grid, indices, sweep_dir):
     """Each run's command line read and checked by its script's own code (tyro, fill_runtime_fields, validate_args)
     before any run starts: a misspelt env id or flag, or a value the script refuses, is one message here rather than a
     failed run and a folder for each run of the grid (on Slurm, after a wait in the queue). Each is checked from its
     run folder, where it runs (a relative path in the flags is the run folder's; a folder made for the check is
-    removed), and the environment the runs inherit is left as it was (the MuJoCo script sets MUJOCO_GL at import). What
-    the script prints (a warning) is shown once, not once per run."""
-    import importlib.util
-
+    removed), and the environment the runs inherit is left as it was. What the script prints (a warning) is shown
+    once, not once per run."""
     import tyro
 
+    if not indices:
+        return
     environment, printed = dict(os.environ), set()
-    spec = importlib.util.spec_from_file_location(f"checked_{Path(grid['script']).stem}", ROOT / grid["script"])
-    script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (tyro reads the Args docstrings' source)
+    script = imported_script(grid)
     try:
-        spec.loader.exec_module(script)
         for i in indices:
             run, folder = grid["runs"][i], sweep_dir / grid["runs"][i]["name"]
             made = [path for path in (folder, *folder.parents) if not path.exists()]  # the deepest first
@@ -223,6 +258,50 @@ def check_runs(grid, indices, sweep_dir):
     finally:
         os.environ.clear()
         os.environ.update(environment)
+
+
+def finished_otherwise(grid, sweep_dir):
+    """The grid's finished runs whose last start had other settings than the grid gives them now (a grid edited after
+    they finished, or another grid's runs in the same folder), each as "name: --flag started (the grid: now)". The
+    command lines are compared as the script reads them (tyro: 2e5 and 200000, or a flag at its default, are the same),
+    and a true-reward run's without the flags it never reads (TRUE_REWARD_RUNS_IGNORE). A log without its start line
+    (written by hand) is taken as the grid's."""
+    import tyro
+
+    differing = []
+    for run in grid["runs"]:
+        folder = sweep_dir / run["name"]
+        started = started_args(folder / "run.log") if run_state(folder) == "done" else None
+        if started is not None and started != run["args"]:
+            differing.append((run, started))
+    if not differing:
+        return []
+    script, found = imported_script(grid), []
+    for run, started in differing:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # a warning tyro prints
+                then, now = (vars(tyro.cli(script.Args, args=args, prog=grid["script"])) for args in (started, run["args"]))
+        except SystemExit:  # a flag the script no longer takes: the command lines as they are
+            found.append(f"{run['name']}: {shlex.join(started)}\n    (the grid: {shlex.join(run['args'])})")
+            continue
+        unread = TRUE_REWARD_RUNS_IGNORE.get(Path(grid["script"]).name, ()) if run["mode"] == "true" else ()
+        changed = [name for name in now if name not in unread and then.get(name) != now[name]]
+        if changed:
+            flags = [f"--{name.replace('_', '-')} {then.get(name)} (the grid: {now[name]})" for name in changed]
+            found.append(f"{run['name']}: {', '.join(flags)}")
+    return found
+
+
+def refuse_finished_otherwise(grid, sweep_dir):
+    found = finished_otherwise(grid, sweep_dir)
+    if found:
+        raise SystemExit(
+            f"error: {len(found)} finished run{'s' if len(found) > 1 else ''} of the grid {grid['path']} ran with other "
+            "settings than the grid gives them now (a grid edited since they finished, or another grid's runs in the "
+            "same --out); they would count as done and be reported as the grid's:\n  "
+            + "\n  ".join(found)
+            + f"\n  delete their folders in {sweep_dir} to run them at the grid's settings, or restore the grid's old ones"
+        )
 
 
 def sweep_folder(grid_path, out):
@@ -699,6 +778,8 @@ def main():
         chosen = " ".join(f"--{name} {' '.join(map(str, values))}" for name, values in filters if values)
         parser.error(f"no run of the grid is {chosen}" if chosen else f"the grid {options.grid} has no runs")
     sweep_dir = sweep_folder(options.grid, options.out)
+    if options.command in ("local", "slurm", "report"):
+        refuse_finished_otherwise(grid, sweep_dir)  # the report takes every finished run of the grid
     if options.command in ("local", "slurm"):
         check_runs(grid, not_done(grid, sweep_dir, batch), sweep_dir)
     if options.command == "local":

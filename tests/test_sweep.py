@@ -344,6 +344,113 @@ def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_p
     assert not (folder / "done.json").exists()
 
 
+def test_a_finished_run_whose_settings_the_grid_changed_is_refused_not_reported_as_the_grids(tmp_path):
+    """A grid edited after its runs finished (steps, flags), or another grid's runs in the same --out: the runs done at
+    the old settings would be skipped as done and reported as the grid's. The sweep names them and runs nothing."""
+    grid, out = write_grid(tmp_path), tmp_path / "out"
+    assert sweep("local", grid, "--out", out, "--workers", 2).returncode == 0
+    logs = {name: (out / name / "run.log").read_text() for name in ("position__true__1", "position__labels30__1")}
+    table = (out / "table.md").read_text()
+    write_grid(tmp_path, steps=3072)
+
+    for command in (["report"], ["local"], ["slurm", "--dry-run"]):
+        result = sweep(*command, grid, "--out", out)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, command
+        assert "2 finished runs of the grid" in result.stderr, result.stderr
+        for name in logs:
+            assert f"{name}: --total-timesteps 1536 (the grid: 3072)" in result.stderr
+        assert f"delete their folders in {out}" in result.stderr
+    assert {name: (out / name / "run.log").read_text() for name in logs} == logs  # nothing ran
+    assert (out / "table.md").read_text() == table and not (out / "slurm_array.sh").exists()
+
+
+def test_a_finished_true_reward_run_is_the_grids_whatever_the_flags_only_labelled_runs_read(tmp_path):
+    """Grids that differ only in flags of the preference learning (the label schedule, the reward model) share their
+    true-reward runs: those never read them. A flag the true reward run does read is a different run, and a value
+    written another way (2e5, 200000) or a flag at its default the same run."""
+    grid, out = write_grid(tmp_path, feedback=["true"]), tmp_path / "out"
+    assert sweep("local", grid, "--out", out).returncode == 0
+    log = (out / "position__true__1" / "run.log").read_text()
+
+    write_grid(tmp_path, feedback=["true"], flags=TINY_FLAGS + " --schedule-horizon 5e4 --selection random --gamma 0.99")
+    again = sweep("local", grid, "--out", out)
+    assert again.returncode == 0, again.stderr
+    assert "1 of 1 runs done; running 0" in again.stdout
+    assert (out / "position__true__1" / "run.log").read_text() == log
+
+    write_grid(tmp_path, feedback=["true"], flags=TINY_FLAGS + " --gamma 0.95")
+    refused = sweep("report", grid, "--out", out)
+    assert refused.returncode != 0 and "position__true__1: --gamma 0.99 (the grid: 0.95)" in refused.stderr
+
+
+# one value for each flag sweep.py takes as unread by a true-reward run, other than the script's default (not
+# --label-server or --label-token: the scripts refuse them without --feedback human)
+UNREAD_BY_TRUE_REWARD_RUNS = {
+    "labels": "--labels 70",
+    "segment_len": "--segment-len 7",
+    "pretrain_fraction": "--pretrain-fraction 0.5",
+    "pretrain_steps": "--pretrain-steps 640",
+    "pretrain_epochs": "--pretrain-epochs 3",
+    "schedule_horizon": "--schedule-horizon 5e4",
+    "selection": "--selection random",
+    "candidate_multiplier": "--candidate-multiplier 4",
+    "pair_pool_rollouts": "--pair-pool-rollouts 3",
+    "ensemble_size": "--ensemble-size 2",
+    "reward_form": "--reward-form progress",
+    "reward_lr": "--reward-lr 0.002",
+    "reward_dropout": "--reward-dropout 0.5",
+    "reward_input_norm": "--no-reward-input-norm",
+    "reward_batch_size": "--reward-batch-size 16",
+    "reward_updates": "--reward-updates 4",
+    "reward_eval_every": "--reward-eval-every 3",
+    "reward_std": "--reward-std 2",
+    "anchor_absorbing": "--no-anchor-absorbing",
+    "label_noise": "--label-noise 0.2",
+    "teacher_beta": "--teacher-beta 1",
+    "teacher_gamma": "--teacher-gamma 0.9",
+    "teacher_epsilon": "--teacher-epsilon 0.1",
+    "teacher_skip_threshold": "--teacher-skip-threshold -5",
+    "teacher_equal_margin": "--teacher-equal-margin 0.5",
+    "instruction": "--instruction Which?",
+    "clip_size": "--clip-size 160",
+    "clip_fps": "--clip-fps 3",
+}
+
+
+@pytest.mark.parametrize(
+    "script, tiny",
+    [
+        ("rlhf_ppo_mujoco.py", "--env Hopper-v4 --total-timesteps 1536 --num-envs 4 --num-steps 128"),
+        ("rlhf_moving_dot.py", "--total-timesteps 1536 --num-envs 4 --num-steps 64 --episode-steps 100"),
+    ],
+)
+def test_the_flags_the_sweep_takes_as_unread_by_true_reward_runs_change_nothing_in_them(tmp_path, script, tiny):
+    """sweep.py counts a finished true-reward run as the grid's whatever these flags say: a true-reward run with every
+    one of them changed ends exactly as one with the script's defaults (the same progress lines, the same policy)."""
+    import sweep as runner  # noqa: PLC0415 (benchmark/, on the path above)
+    import torch  # noqa: PLC0415
+    import tyro  # noqa: PLC0415
+    from helpers import only_run_dir, progress_lines, run_script  # noqa: PLC0415
+
+    unread = runner.TRUE_REWARD_RUNS_IGNORE[script]
+    changes = [UNREAD_BY_TRUE_REWARD_RUNS[name] for name in unread]
+    base = f"{tiny} --feedback true-reward --seed 3 --threads 1 --save-model"
+    module = runner.imported_script({"script": script})
+    defaults, changed = (vars(tyro.cli(module.Args, args=shlex.split(a))) for a in (base, f"{base} {' '.join(changes)}"))
+    assert [name for name in defaults if defaults[name] != changed[name]] == list(unread)  # each flag took a new value
+
+    outputs, agents = [], []
+    for folder, args in (("defaults", base), ("changed", f"{base} {' '.join(changes)}")):
+        (tmp_path / folder).mkdir()
+        result = run_script(tmp_path / folder, args, script=ROOT / script)
+        assert result.returncode == 0, result.stderr
+        outputs.append(progress_lines(result.stdout, 0))
+        agents.append(torch.load(only_run_dir(tmp_path / folder) / "checkpoint.pt", weights_only=False)["agent"])
+    assert len(outputs[0]) >= 2 and outputs[1] == outputs[0]
+    for name, tensor in agents[0].items():
+        assert torch.equal(tensor, agents[1][name]), name
+
+
 def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished(tmp_path):
     """A stopped run's log ends early: cutting the finished seeds' curves to its last step would report every seed at
     that step and judge C17's claim on returns from early in training."""
