@@ -36,6 +36,7 @@ any run starts, `local` and `slurm` read each run's command line with its script
 misspelt env id or flag stops the sweep with one message.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
+                                                                # (stopped by Ctrl-C or SIGTERM: exit 130 or 143)
     python benchmark/sweep.py local GRID --envs Reacher-v5      # a batch: only these envs' runs (also for slurm)
     python benchmark/sweep.py local GRID --feedback true 700    # a batch: only these feedbacks' runs (also for slurm)
     python benchmark/sweep.py local GRID --seeds 1 2 3 4        # a batch: only these seeds' runs (the filters combine)
@@ -48,7 +49,8 @@ taken when the sweep started (named by its content), so an edit of the grid file
 submission of an edited grid, leaves the runs of the sweep under way and of queued tasks alone.
 `slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run). Shortly before the time limit
 (--signal-seconds, 120) Slurm signals the task, which stops its run (it saves a checkpoint) and requeues itself
-(`scontrol requeue`), so a run longer than the limit goes on where it stopped; submitting the same command again also
+(`scontrol requeue`; where Slurm refuses, the task says so and fails), so a run longer than the limit goes on where
+it stopped; submitting the same command again also
 resumes what is left. Run `report` once the array is done.
 `--out` (default benchmark/sweeps/{grid name}) sets where the runs go.
 """
@@ -466,7 +468,18 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         return "done"
     if on_signal_requeue and signal.SIGUSR1 in signalled and "SLURM_ARRAY_JOB_ID" in os.environ:
         task = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        subprocess.run(["scontrol", "requeue", task], check=False)  # runs again, and resumes, when scheduled
+        try:  # runs again, and resumes, when scheduled
+            requeue = subprocess.run(["scontrol", "requeue", task], capture_output=True, text=True)
+            why = (requeue.stderr or requeue.stdout).strip() or f"exit {requeue.returncode}"
+        except OSError as error:
+            requeue, why = None, str(error)
+        if requeue is None or requeue.returncode != 0:  # nothing would resume the run: fail, for sacct to show
+            print(
+                f"error: Slurm did not requeue {run['name']} ({why}); the run saved and stopped. To resume it, submit "
+                f"the grid again: python benchmark/sweep.py slurm {grid['path']} --out {sweep_dir}",
+                file=sys.stderr,
+            )
+            return "failed"
     return "failed" if returncode != 0 and not signalled else "stopped"
 
 
@@ -490,7 +503,8 @@ def not_done(grid, sweep_dir, indices):
 
 def run_local(grid, sweep_dir, workers, indices):
     """The runs at `indices` not done, `workers` at a time, each as a `task` process (Ctrl-C or SIGTERM stops them
-    all; they save). Returns whether it ran to the end, not stopped, and the names of the runs that failed."""
+    all; they save). Returns the signal that stopped it (None where it ran to the end) and the names of the runs that
+    failed."""
     todo = not_done(grid, sweep_dir, indices)
     print(f"{len(indices) - len(todo)} of {len(indices)} runs done; running {len(todo)}, {workers} at a time")
     running = {}
@@ -520,7 +534,7 @@ def run_local(grid, sweep_dir, workers, indices):
             task.wait()
             print(f"{name}: {run_state(sweep_dir / name)}")
     signal.signal(signal.SIGTERM, previous_handler)
-    return not stopping, failed
+    return (stopping[0] if stopping else None), failed
 
 
 def index_ranges(indices):
@@ -783,11 +797,13 @@ def main():
     if options.command in ("local", "slurm"):
         check_runs(grid, not_done(grid, sweep_dir, batch), sweep_dir)
     if options.command == "local":
-        ran_to_the_end, failed = run_local(grid, sweep_dir, options.workers, batch)
-        if ran_to_the_end:
+        stopped_by, failed = run_local(grid, sweep_dir, options.workers, batch)
+        if stopped_by is None:
             write_report(grid, sweep_dir)
         if failed:
             sys.exit(f"error: {len(failed)} run(s) not done: {', '.join(failed)} (why: above, and in their run.log)")
+        if stopped_by is not None:  # as a killed program ends: `sweep.py local A && sweep.py local B` stops at A
+            sys.exit(128 + stopped_by)
     elif options.command == "slurm":
         submit_slurm(grid, sweep_dir, options, batch)
     elif options.command == "report":

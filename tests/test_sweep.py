@@ -261,16 +261,20 @@ def test_done_json_counts_the_runs_attempts_since_its_last_start_and_their_logge
 
 def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
     """`nohup python benchmark/sweep.py local GRID &` in a script, then `kill PID`: a shell starts a background job with
-    Ctrl-C ignored, so SIGTERM must stop the runs (each saves) by itself, not through Ctrl-C's handler."""
+    Ctrl-C ignored, so SIGTERM must stop the runs (each saves) by itself, not through Ctrl-C's handler. The sweep
+    then exits as a killed program does (128 + 15), so `sweep.py local A && sweep.py local B` does not go on to B."""
     grid = write_grid(tmp_path, steps=50_000_000, flags=TINY_FLAGS + " --checkpoint-every 1")
     out, sweep_log = tmp_path / "out", tmp_path / "sweep.log"
     logs = [out / name / "run.log" for name in ("position__true__1", "position__labels30__1")]
-    command = f"nohup {shlex.quote(sys.executable)} {SWEEP} local {grid} --out {out} --workers 2 > {sweep_log} 2>&1 & echo $!"
-    pid = int(subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, check=True).stdout)
+    command = f"nohup {shlex.quote(sys.executable)} {SWEEP} local {grid} --out {out} --workers 2 > {sweep_log} 2>&1 &"
+    command += " echo $!; wait $!; echo $?"  # the shell waits for its background job, and says how it ended
+    shell = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    pid = int(shell.stdout.readline())
     try:
         assert wait_until(lambda: all(logged_steps(log) for log in logs), 180), sweep_log.read_text()
         os.kill(pid, signal.SIGTERM)
         assert wait_until(lambda: not alive(pid), 90), "the sweep went on after SIGTERM: " + sweep_log.read_text()
+        assert int(shell.communicate(timeout=30)[0]) == 128 + signal.SIGTERM
         assert "stopping: each run saves at the end of its iteration" in sweep_log.read_text()
         for log in logs:
             text = log.read_text()
@@ -838,6 +842,35 @@ def test_a_task_stopped_before_its_time_limit_requeues_itself_and_resumes(tmp_pa
     stopped_at = int(re.search(r"interrupted at step (\d+)", first)[1])
     assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
     assert int(re.search(r"^step (\d+),", second, re.M)[1]) == stopped_at + 1024  # 8 envs x 128 steps on from there
+
+
+def test_a_task_whose_requeue_slurm_refuses_says_so_and_fails(tmp_path):
+    """Signalled before its time limit, a task saves its run and asks Slurm to requeue it. Where Slurm refuses (a job
+    not requeueable, a cluster that forbids it), nothing would resume the run: the task says so in its output
+    (slurm-%A_%a.out) with how to resume it, and fails, so that sacct shows the task FAILED, not COMPLETED."""
+    grid = write_grid(tmp_path, steps=50_000_000, feedback=["true"], flags=TINY_FLAGS + " --checkpoint-every 1")
+    out, bin_dir = tmp_path / "out", tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # Slurm's scontrol as a refusing cluster answers, and a record of what it was asked
+    scontrol.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/asked\necho "scontrol: error: Job is not requeueable" >&2\nexit 1\n'
+    )
+    scontrol.chmod(0o755)
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0"}
+    command = [sys.executable, str(SWEEP), "task", str(grid), "--index", "0", "--out", str(out), "--requeue-on-signal"]
+    task = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    log = out / "position__true__1" / "run.log"
+    try:
+        assert wait_until(lambda: logged_steps(log), 120)
+        task.send_signal(signal.SIGUSR1)  # Slurm's signal before the time limit (--signal=B:USR1@...)
+        _, stderr = task.communicate(timeout=60)
+    finally:
+        stop_processes_under(tmp_path)
+    assert (tmp_path / "asked").read_text().split() == ["requeue", "77_0"]
+    assert "interrupted at step" in log.read_text()  # the run saved
+    assert task.returncode != 0
+    assert "Slurm did not requeue position__true__1 (scontrol: error: Job is not requeueable)" in stderr, stderr
+    assert f"python benchmark/sweep.py slurm {grid} --out {out}" in stderr  # how to resume it
 
 
 def test_a_batch_of_the_grid_keeps_each_runs_place_in_it(tmp_path):
