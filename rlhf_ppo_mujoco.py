@@ -1508,7 +1508,7 @@ def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_tr
         # stream, the running statistics and counters
         "environments": environment_states(envs),
         "next_obs_raw": next_obs_raw,
-        "random": random_states(rng),
+        "random": random_states(rng, next(agent.parameters()).device),
         "running_return": running_return,
         "predicted_episode_return": predicted_episode_return,
         "pair_pool": [(i, rollout) for i, rollout in pair_pool if i <= iteration],  # not a stopped iteration's rollout
@@ -1614,13 +1614,15 @@ def restore_environment_states(envs, states):
             recorder.renumber(episode, record=not os.path.exists(recorder.video_path(episode)))
 
 
-def random_states(rng):
+def random_states(rng, device):
     """Every random stream the run draws from: segments, teacher and bootstrap (rng), PPO's minibatches (np.random),
-    the policy's actions (torch); the reward model's dropout stream is saved with it (RewardModelTraining.state_dict)."""
+    the policy's actions (torch, or the GPU's with --cuda); the reward model's dropout stream is saved with it
+    (RewardModelTraining.state_dict)."""
     return {
         "rng": rng.bit_generator.state,
         "np.random": np.random.get_state(),
         "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
         "random": random.getstate(),
     }
 
@@ -1629,6 +1631,8 @@ def restore_random_states(rng, states):
     rng.bit_generator.state = states["rng"]
     np.random.set_state(states["np.random"])
     torch.set_rng_state(states["torch"])
+    if states.get("cuda") is not None and torch.cuda.is_available():  # checkpoints before 2026-12-02 have no "cuda"
+        torch.cuda.set_rng_state_all(states["cuda"])
     random.setstate(states["random"])
 
 

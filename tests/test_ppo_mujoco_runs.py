@@ -169,9 +169,17 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path
 @pytest.mark.slow
 # Hopper's episodes end early (the absorbing state); Pusher-v5's last 100 steps, about 5 ending per iteration, so the
 # progress line's mean over the last 10 episodes spans the stop
-@pytest.mark.parametrize("env_id", ["Hopper-v4", "Pusher-v5"])
-def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path, env_id):
-    args = STOPPABLE.replace("Hopper-v4", env_id) + " --reward-dropout 0.5"  # the dropout masks' random stream too
+# and with --cuda the policy samples its actions from the GPU's random stream (run only where there is a GPU)
+@pytest.mark.parametrize(
+    "env_id, device_flag",
+    [
+        ("Hopper-v4", ""),
+        ("Pusher-v5", ""),
+        pytest.param("Hopper-v4", " --cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+    ],
+)
+def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tmp_path, env_id, device_flag):
+    args = STOPPABLE.replace("Hopper-v4", env_id) + device_flag + " --reward-dropout 0.5"  # the dropout stream too
     args += " --pair-pool-rollouts 3"  # and the pair pool, with rollouts from before the stop
     (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
     whole = run_script(tmp_path / "whole", args, timeout=600)
