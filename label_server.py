@@ -180,6 +180,7 @@ class LabelStore:
         # kept in memory, changed with every write that changes them: counting or grouping 100k rows per request is slow
         self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
         self.excluded = self._excluded_raters()
+        self._label_pairs_whose_answers_count_now()  # this start's --overlap or golden settings may count more answers
 
     def _read(self, sql, params=()):
         with self.lock:
@@ -419,7 +420,7 @@ class LabelStore:
                 final, closed = self._finalize(pair_id, experiment, golden)
             self.open_count -= closed
             if new and golden:  # the rater's accuracy on golden pairs changed
-                self.excluded = self._excluded_raters()
+                self._count_raters_again()
         return new, final
 
     def undo_answer(self, pair_id, rater):
@@ -453,11 +454,29 @@ class LabelStore:
                             "UPDATE pairs SET open = 1 WHERE pair_id = ? AND open = 0", (pair_id,)
                         ).rowcount
             if golden:  # a golden answer: the rater's accuracy changed
-                self.excluded = self._excluded_raters()
+                self._count_raters_again()
             still_open = self.db.execute("SELECT open FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone() == (1,)
             if still_open:
                 self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
             return still_open
+
+    def _count_raters_again(self):
+        """Work out again which raters' answers count, after an answer to a golden pair. Under lock."""
+        before, self.excluded = self.excluded, self._excluded_raters()
+        if before - self.excluded:  # raters counted again: their answers may complete pairs still open
+            self._label_pairs_whose_answers_count_now()
+
+    def _label_pairs_whose_answers_count_now(self):
+        """Label and close the open pairs that have `overlap` counted answers: their last answer came while it did not
+        count (its rater left out for golden pairs, since counted again; a smaller --overlap since a restart), so no
+        answer made the label. Under lock (or before the server serves)."""
+        rows = self.db.execute(
+            "SELECT DISTINCT p.pair_id, p.experiment FROM pairs p JOIN answers a USING (pair_id) "
+            "WHERE p.open = 1 AND p.golden IS NULL"
+        ).fetchall()
+        with self._transaction():
+            for pair_id, experiment in rows:
+                self.open_count -= self._finalize(pair_id, experiment, False)[1]
 
     def _closed_by_trainer(self, pair_id, experiment, posted):
         """Has the pair's trainer closed it: the whole experiment since the pair was posted, or the pair itself (keep)?
@@ -653,9 +672,30 @@ def host_name(host):
     return host.rpartition(":")[0] if ":" in host else host
 
 
+def origin_host(origin):
+    """The host (and port) an Origin header names; None where it is no URL."""
+    try:
+        return urllib.parse.urlsplit(origin).netloc
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return None
+
+
+def request_path(target):
+    """A request target's path, without its query (and without the token a query may carry); None where it is no
+    URL."""
+    try:
+        return urllib.parse.urlsplit(target).path
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return None
+
+
 def clip_id_of(value):
     """A clip's id from a crowd platform's column: the id itself, or the URL it was served at (.../clips/<id>)."""
-    value = urllib.parse.unquote(urllib.parse.urlsplit((value or "").strip()).path.rstrip("/").rpartition("/")[2])
+    try:
+        path = urllib.parse.urlsplit((value or "").strip()).path
+    except ValueError:  # no URL (an unclosed IPv6 bracket): a bad row
+        return None
+    value = urllib.parse.unquote(path.rstrip("/").rpartition("/")[2])
     return value if ID_PATTERN.fullmatch(value) else None
 
 
@@ -767,7 +807,7 @@ def make_handler(store, args, rater_of_key=None):
             super().handle_one_request()
             if self.status is not None and not args.quiet:
                 # the path without its query, and never a header: the token stays out of the log
-                path = urllib.parse.urlsplit(self.path).path or "-"
+                path = request_path(self.path) or "-"
                 ms = 1000 * (time.monotonic() - self.started)
                 cut_off = f" ({self.cut_off}: the reply was not delivered whole)" if self.cut_off else ""
                 self.log_message("%s %s %d %.1f ms%s", self.command or "-", path, self.status, ms, cut_off)
@@ -837,6 +877,7 @@ def make_handler(store, args, rater_of_key=None):
 
         def read_body(self, limit):
             length = self.headers.get("Content-Length")
+            length = None if length is None else length.strip(" \t")  # RFC 9110 5.5: not part of the value
             if length is None:
                 raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
             if not (length.isascii() and length.isdigit()):
@@ -907,7 +948,7 @@ def make_handler(store, args, rater_of_key=None):
             if method == "GET" and parts[:1] != ["api"]:
                 return
             origin = self.headers.get("Origin")  # a fetch's, and any POST's, from a page
-            if origin is not None and urllib.parse.urlsplit(origin).netloc not in (host, public):
+            if origin is not None and origin_host(origin) not in {host, public} - {None}:
                 message = f"Origin {origin!r} is another site: only this server's own page may use its API"
                 raise ApiError(HTTPStatus.FORBIDDEN, message)
             # browsers say where every request comes from (Fetch Metadata), also those that carry no Origin: an image's,
@@ -969,10 +1010,12 @@ def make_handler(store, args, rater_of_key=None):
             return None  # also /clips/../../etc/passwd: clips live in the database, and no route has a path in it
 
         def dispatch(self, method):
-            url = urllib.parse.urlsplit(self.path)
-            query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
-            parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
             try:
+                url = urllib.parse.urlsplit(self.path) if request_path(self.path) is not None else None
+                if url is None:  # e.g. an unclosed IPv6 bracket
+                    raise ApiError(HTTPStatus.BAD_REQUEST, f"the request target is not a URL: {self.path!r}")
+                query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+                parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
                 self.check_origin(method, parts)
                 endpoint = self.route(method, parts, query)
                 if endpoint is None:
@@ -990,7 +1033,7 @@ def make_handler(store, args, rater_of_key=None):
                 self.close_connection, self.cut_off = True, "the client closed the connection"
                 return
             except Exception:  # a bug must not take the server down: log it, report it, keep serving
-                self.log_message("internal error on %s %s, traceback follows", method, url.path)
+                self.log_message("internal error on %s %s, traceback follows", method, request_path(self.path))
                 sys.stderr.write(traceback.format_exc())
                 if self.status is None:  # what failed, and how, is for the log: not for whoever sent the request
                     message = "internal error (its traceback is in the label server's log)"

@@ -191,6 +191,36 @@ def test_golden_pairs_are_mixed_in_and_exclude_inaccurate_raters(label_server):
     assert label["choice"] == "right" and sorted(label["votes"]) == ["right", "right"]
 
 
+def test_a_pair_whose_answers_count_again_gets_its_label_and_is_served_no_more(label_server, tmp_path):
+    """A rater left out for missing golden pairs, who answers a pair and then gets back above the threshold: that
+    answer counts again, so the pair has its label as if it had counted all along. It stayed open without one: a
+    trainer waiting for it waited for good, and the next rater's answer was wasted (the label was made of the first)."""
+    server = label_server("--golden-every", 1, "--golden-min", 1, "--golden-threshold", 0.5)
+    post_pair(server, "g1", golden="left")
+    post_pair(server, "g2", golden="left")
+    post_pair(server, "p")
+    answer(server, "g1", "xi", "right")  # 0 of 1 golden pairs right: xi's answers are not counted
+    answer(server, "p", "xi", "left")
+    assert labels(server) == []
+    answer(server, "g2", "xi", "left")  # 1 of 2, at the threshold: counted again
+    assert [(x["pair_id"], x["choice"]) for x in labels(server)] == [("p", "left")]
+    for golden in ("g1", "g2"):
+        answer(server, golden, "yu", "left")
+    assert next_pair(server, "yu") is None  # p has its label: no one else is asked
+
+    # the same at a restart whose settings count answers that did not count before: a smaller --overlap
+    server.stop()
+    db = tmp_path / "restart.sqlite"
+    first = label_server("--overlap", 2, db=db)
+    post_pair(first, "q")
+    answer(first, "q", "ann", "right")
+    assert labels(first) == []
+    first.stop()
+    again = label_server("--overlap", 1, db=db)
+    assert [(x["pair_id"], x["choice"]) for x in labels(again)] == [("q", "right")]
+    assert next_pair(again, "bob") is None
+
+
 def test_token_guards_the_trainer_endpoints_only(label_server):
     server = label_server(token="s3cret")
     assert post_pair(server, "p1")[0] == 201  # the helper sends the right token
@@ -325,6 +355,35 @@ def test_a_broken_request_line_gets_a_status_line_and_a_json_error(label_server,
     assert line.startswith(f"HTTP/1.1 {status} "), (line, body)  # a bare body reads as HTTP/0.9 to curl and browsers
     assert json.loads(body)["error"]
     assert server.call("GET", "/healthz")[0] == 200
+
+
+def test_a_request_target_or_origin_that_is_no_url_gets_a_400_or_403_not_a_crash(label_server):
+    """urlsplit raises on an unclosed IPv6 bracket: the request target was answered with a closed connection and the
+    Origin header with a 500, each with a traceback in the log."""
+    server = label_server()
+    line, body = raw_request(
+        server.port, b"GET http://[x/api/stats?rater=a HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    assert line.startswith("HTTP/1.1 400 ") and "request target" in json.loads(body)["error"], (line, body)
+    status, reply = server.call("GET", "/api/stats?rater=a", headers={"Origin": "http://[x"})
+    assert status == 403 and "Origin" in reply["error"], reply
+    assert server.call("GET", "/healthz")[0] == 200
+    assert "Traceback" not in server.log()
+
+
+def test_a_content_length_with_spaces_around_it_is_read(label_server):
+    """RFC 9110 5.5: a field value's leading and trailing whitespace is not part of it."""
+    server = label_server()
+    post_pair(server, "p1")
+    body = b'{"pair_id": "p1", "rater": "ann", "choice": "left"}'
+    line, _ = raw_request(
+        server.port,
+        b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)} \r\nConnection: close\r\n\r\n".encode()
+        + body,
+    )
+    assert line.startswith("HTTP/1.1 201 "), line
+    assert answers_and_label(server, "p1") == ([("ann", "left")], "left")
 
 
 def test_an_empty_line_before_a_request_line_is_ignored(label_server):
@@ -1437,6 +1496,8 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
     status, reply = import_tsv(server, bad)
     assert status == 400 and "line 3" in reply["error"] and "line 4" in reply["error"], reply
     assert server.call("GET", "/api/pairs/p3")[1]["answers"] == []
+    status, reply = import_tsv(server, CROWD_HEADER + "http://[x/clips/p3-l\tp3-r\tleft\tw1\n")  # no URL: a bad row
+    assert status == 400 and "line 2" in reply["error"], reply
     status, reply = import_tsv(server, "video1\tvideo2\tresult\np3-l\tp3-r\tleft\n")
     assert status == 400 and "INPUT:video1" in reply["error"]
     status, reply = import_tsv(server, CROWD_HEADER)  # a header and no rows: nothing to record, said so
