@@ -706,11 +706,14 @@ class SyntheticTeacher:
                                 are dropped, and the next label round asks for new pairs in their place (the budget
                                 counts only labels answered)
         pending                 pairs asked and not yet handed over by poll(): the label budget counts them as on their way
-        wait_for_answers(stop)  block until every asked pair is answered or `stop` (a threading.Event) is set
+        wait_for_answers(stop)  block until every asked pair is answered or `stop` (a threading.Event) is set or the
+                                teacher fails
         save(), load(consumed_seq_in_labels)
                                 the unanswered pairs, to and from the run folder (a stopped run asks them again)
         consumed_seq            the label server's number of the last answer poll() handed over, saved with the
                                 labels (0: no server)
+        failure                 why the teacher cannot go on (None: it can); the run then stops as at Ctrl-C, saves,
+                                and exits with it
         close()                 stop any background work, saving what a resumed run needs"""
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
@@ -719,6 +722,7 @@ class SyntheticTeacher:
         self.answered = []
         self.pending = 0  # answered when asked: always 0
         self.consumed_seq = 0  # no label server
+        self.failure = None  # it always answers
 
     def preferences(self, true_left, true_right):
         """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
@@ -870,6 +874,8 @@ def store_answers(teacher, buffer, labels_dir):
     """The teacher's answers so far into the label buffer, each batch saved as it arrives, and the teacher's
     unanswered pairs saved in step with them."""
     for left, right, mu in teacher.poll():
+        if len(mu) == 0:  # every pair skipped: saved as labels/{labels so far}.npz, it would replace the batch before
+            continue
         stored = buffer.add(left, right, mu)
         save_labels(labels_dir, stored | {"end": buffer.total}, teacher.consumed_seq)
     teacher.save()
@@ -1158,8 +1164,6 @@ class HumanTeacher:
                 self.queued.append(pair_id)
 
     def poll(self):
-        if self.failure is not None:
-            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
         with self.lock:
             answered, self.answered = self.answered, []
             self.taken_seq = self.received_seq
@@ -1177,7 +1181,8 @@ class HumanTeacher:
         return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
 
     def wait_for_answers(self, stop, progress_every=10.0):
-        """Block until every asked pair is answered (the pretraining labels RL cannot start without) or `stop` is set."""
+        """Block until every asked pair is answered (the pretraining labels RL cannot start without), `stop` is set or
+        the thread stopped."""
         last = 0.0
         while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
@@ -1489,9 +1494,9 @@ def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, r
 def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_training, policy_normalizer, device):
     """--resume: the networks, optimisers, the reward model's training and every random stream as the run saved them
     (older checkpoints have no random streams: theirs restart from the seed). Returns the iteration to start at, the
-    first of the label round the run stopped in (a round's steps are its label pool), or one past the last for a run
-    that finished. The games restart (the emulators' state is not saved), and a checkpoint written mid-round redoes that
-    round's start with the later state."""
+    first of the label round the run stopped in (a round's steps are its label pool; a true-reward run, which has no
+    label rounds, the one after its last), or one past the last for a run that finished. The games restart (the
+    emulators' state is not saved), and a checkpoint written mid-round redoes that round's start with the later state."""
     agent.load_state_dict(checkpoint["agent"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     if reward_training is not None:
@@ -1507,6 +1512,8 @@ def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_tra
             torch.cuda.set_rng_state_all(random_states["torch_cuda"])
     if checkpoint["iteration"] >= args.num_iterations:  # finished: no round to redo (its last one may not be whole)
         return args.num_iterations + 1
+    if reward_training is None:  # the true reward: no label round to redo
+        return checkpoint["iteration"] + 1
     return checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
 
 
@@ -1606,7 +1613,7 @@ if __name__ == "__main__":
         )
 
     for iteration in range(start_iteration, args.num_iterations + 1):
-        if stop_requested.is_set():  # Infrastructure: Ctrl-C or SIGTERM
+        if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
@@ -1650,6 +1657,8 @@ if __name__ == "__main__":
             if iteration == args.pretrain_iterations:  # C17 A.2: the reward model is fitted before RL starts
                 teacher.wait_for_answers(stop_requested)  # people answer asynchronously; RL cannot start without these
                 store_answers(teacher, buffer, labels_dir)
+                if teacher.failure:  # Infrastructure: the label server refused the run: stop, saving, as at Ctrl-C
+                    break
                 if buffer.size == 0 and not stop_requested.is_set():  # a reward model fitted on nothing gives NaN
                     failure = NO_PRETRAINING_LABEL.format(threshold=args.teacher_skip_threshold, run_dir=run_dir)
                     break
@@ -1762,5 +1771,9 @@ if __name__ == "__main__":
         print(f"checkpoint saved to {checkpoint_path}")
     envs.close()
     writer.close()
+    if rlhf and teacher.failure and failure is None:  # Infrastructure: the label server refused the run
+        failure = (
+            f"error: the human-feedback thread stopped: {teacher.failure}. The run saved: fix that, then --resume goes on"
+        )
     if failure is not None:
         raise SystemExit(failure)

@@ -721,11 +721,14 @@ class SyntheticTeacher:
                                  keep the unanswered pairs of a stopped run for --resume (nothing to keep here)
         consumed_seq             the label server's number of the last answer poll() handed over, saved with the
                                  labels (0: no server)
+        failure                  why the teacher cannot go on (None: it can); the run then stops as at Ctrl-C, saves,
+                                 and exits with it
         close()                  stop answering
     """
 
     pending = 0  # it answers when asked: nothing is ever on its way
     consumed_seq = 0  # no label server
+    failure = None  # it always answers
 
     def __init__(self, rng, beta=float("inf"), gamma=1.0, epsilon=0.0, skip_threshold=float("-inf"), equal_margin=0.0):
         self.rng, self.beta, self.gamma, self.epsilon = rng, beta, gamma, epsilon
@@ -1245,8 +1248,6 @@ class HumanTeacher:
                 self.queued.append(pair_id)
 
     def poll(self):
-        if self.failure is not None:
-            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
         with self.lock:
             answered, self.answered = self.answered, []
             self.taken_seq = self.received_seq
@@ -1264,8 +1265,7 @@ class HumanTeacher:
         return [(stack_segments(lefts), stack_segments(rights), np.array(mus))]
 
     def wait_for_answers(self, stop, progress_every=10.0):
-        """Block until every asked pair is answered (True), the thread fails (True: poll() reports it) or `stop` is set
-        (False)."""
+        """Block until every asked pair is answered (True), or `stop` is set or the thread stopped (False)."""
         last = 0.0
         while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
@@ -1274,7 +1274,7 @@ class HumanTeacher:
                 )
                 last = time.time()
             time.sleep(0.5)
-        return not stop.is_set()
+        return not stop.is_set() and self.failure is None
 
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
@@ -1768,7 +1768,7 @@ if __name__ == "__main__":
         save_checkpoint(run_dir, args, completed, agent, optimizer, reward_training, envs, next_obs, episodes, rng)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
-        if stop_requested.is_set():
+        if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
@@ -1966,5 +1966,9 @@ if __name__ == "__main__":
         print(f"checkpoint saved to {run_dir}/checkpoint.pt")
     envs.close()
     writer.close()
+    if rlhf and teacher.failure and run_error is None:  # Infrastructure: the label server refused the run
+        run_error = (
+            f"error: the human-feedback thread stopped: {teacher.failure}. The run saved: fix that, then --resume goes on"
+        )
     if run_error is not None:
         raise SystemExit(run_error)

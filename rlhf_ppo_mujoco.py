@@ -713,6 +713,7 @@ def simulator_states(envs):
 #   pending: pairs asked, not yet handed over by poll()     wait_for_answers(stop) -> False if `stop` ended the wait
 #   save() / load(consumed_seq_in_labels): the unanswered pairs, with the run     close()
 #   consumed_seq: the label server's number of the last answer poll() handed over (0: no server), saved with the labels
+#   failure: why the teacher cannot go on (None: it can); the run then stops as at Ctrl-C, saves, and exits with it
 # mu = 1 left better, 0 right better, 0.5 equal. A new teacher (e.g. a scripted one, a function of two segments'
 # observations, actions and simulator states) needs these methods and a branch in make_teacher.
 class SyntheticTeacher:
@@ -726,6 +727,7 @@ class SyntheticTeacher:
         self.answered = []
         self.pending = 0  # pairs asked but not yet answered: always 0, answers come at once
         self.consumed_seq = 0  # no label server
+        self.failure = None  # it always answers
 
     def preferences(self, true_left, true_right):
         """mu for each pair of true-reward sequences (n, L); NaN where the teacher skips."""
@@ -1262,8 +1264,6 @@ class HumanTeacher:
                 self.queued.append(pair_id)
 
     def poll(self):
-        if self.failure is not None:
-            raise SystemExit(f"error: the human-feedback thread stopped: {self.failure}")
         with self.lock:
             answered, self.answered = self.answered, []
             self.taken_seq = self.received_seq
@@ -1282,7 +1282,7 @@ class HumanTeacher:
 
     def wait_for_answers(self, stop, progress_every=10.0):
         """Block until every asked pair is answered (the pretraining labels RL cannot start without), or `stop` is set
-        (then returns False)."""
+        or the thread stopped (then returns False)."""
         last = 0.0
         while self.unanswered and self.failure is None and not stop.is_set():
             if time.time() - last > progress_every:
@@ -1292,7 +1292,7 @@ class HumanTeacher:
                 )
                 last = time.time()
             time.sleep(0.5)
-        return not stop.is_set()
+        return not stop.is_set() and self.failure is None
 
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
@@ -1827,7 +1827,7 @@ if __name__ == "__main__":
         save_checkpoint(checkpoint_path, args, agent, optimizer, obs_rms, return_rms, reward_training, envs, rng, progress)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
-        if stop_requested.is_set():
+        if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
@@ -2050,5 +2050,7 @@ if __name__ == "__main__":
         print(f"checkpoint saved to {checkpoint_path}")
     envs.close()
     writer.close()
+    if rlhf and teacher.failure and not error:  # Infrastructure: the label server refused the run
+        error = f"error: the human-feedback thread stopped: {teacher.failure}. The run saved: fix that, then --resume goes on"
     if error:
         raise SystemExit(error)

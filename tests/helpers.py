@@ -415,6 +415,43 @@ def assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(server
             new_teacher(name)
 
 
+def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_server, rl_line, script=SCRIPT):
+    """A label server restarted with a --token the run was not given answers it 401: the human-feedback thread stops.
+    The run stops at the end of its iteration as at Ctrl-C, saves its labels and checkpoint (none was due: the first
+    periodic one is far off), and exits with the server's message. It stopped at once, without the end-of-run saving,
+    losing every iteration since its last checkpoint. `rl_line`: the start of a progress line of RL (not pretraining)."""
+    server = label_server()
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), *args.split(), "--label-server", server.url, "--checkpoint-every", "100000"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    reader = threading.Thread(target=lambda: output.extend(trainer.stdout), daemon=True)
+    reader.start()
+    try:
+        with rating_by_script(server):
+            deadline = time.time() + 300
+            while not any(line.startswith(rl_line) for line in output):  # RL under way, on the rater's labels
+                assert time.time() < deadline and trainer.poll() is None, "".join(output)
+                time.sleep(0.2)
+        server.stop()
+        label_server(port=server.port, db=server.db, token="s3cret")  # the run has no token: 401
+        assert trainer.wait(timeout=300) == 1, "".join(output)
+    finally:
+        trainer.kill()
+    reader.join(timeout=30)
+    log = "".join(output)
+    assert "error: the human-feedback thread stopped" in log and "401" in log, log[-3000:]
+    assert "Traceback" not in log
+    run_dir = only_run_dir(cwd)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # written by the stop: none was due
+    assert checkpoint["global_step"] > 0
+    return run_dir, checkpoint, log
+
+
 def assert_a_run_folder_given_as_a_dot_keeps_its_name(tmp_path, monkeypatch, new_teacher):
     """`--resume .` from inside a run folder: the experiment is the folder's name, as from outside it, not "." (which
     the label server's ids cannot start with). `new_teacher(run_dir)` makes the script's HumanTeacher for `run_dir` the

@@ -17,6 +17,7 @@ import torch
 from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
@@ -370,6 +371,23 @@ def test_label_buffer_keeps_the_latest_labels_and_saved_batches_reload_as_they_w
         np.testing.assert_array_equal(reloaded.data[key], buffer.data[key])
 
 
+def test_a_round_whose_pairs_the_teacher_all_skips_leaves_the_saved_labels_as_they_were(tmp_path):
+    """A round of pairs all below --teacher-skip-threshold gives an empty batch: saved under the same name as the batch
+    before it (labels/{labels so far}.npz), it replaced that batch's labels on disk, and a resumed run lost them."""
+    rng = np.random.default_rng(0)
+    teacher, buffer, labels_dir = atari.SyntheticTeacher(rng, skip_threshold=0.5), atari.LabelBuffer(10, 2, 3, rng), tmp_path
+    scoring, blank = block_frames(rng, 4, 2), block_frames(rng, 4, 2)
+    scoring["true_reward"][:], blank["true_reward"][:] = 1.0, 0.0
+    teacher.ask(scoring, blank)  # the scoring segment wins each pair
+    atari.store_answers(teacher, buffer, labels_dir)
+    teacher.ask(blank, blank)  # neither side scores: every pair skipped
+    atari.store_answers(teacher, buffer, labels_dir)
+    assert buffer.total == 4
+    reloaded = atari.LabelBuffer(10, 2, 3, np.random.default_rng(1))
+    atari.load_labels(labels_dir, reloaded)
+    assert reloaded.total == 4 and list(reloaded.data["mu"][:4]) == [1.0] * 4
+
+
 def test_each_member_trains_on_a_bootstrap_resample_and_validates_on_the_labels_it_left_out():
     # C17 2.2.3's 1/e held out is the online bootstrap's out-of-bag share: a Poisson(1) weight per label and member
     rng = np.random.default_rng(0)
@@ -591,6 +609,14 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     assert len(frames) == 5 and frames[0].shape[:2] == (336, 336)  # one frame per step, enlarged 4x
 
 
+@pytest.mark.slow
+def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, label_server):
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 1000000") + " --feedback human --save-model"
+    run_dir, _, _ = assert_a_run_the_label_server_refuses_saves_and_says_so(tmp_path, args, label_server, "step ", SCRIPT)
+    saved = [np.load(f) for f in sorted((run_dir / "labels").glob("*.npz"))]
+    assert sum(len(batch["mu"]) for batch in saved) >= 6  # the pretraining labels, and any since
+
+
 def noisy_history(rng):
     """The frames of 20 steps of 2 environments, random pixels: every segment's clips differ."""
     history = atari.new_history(20, 2)
@@ -746,6 +772,21 @@ def test_a_run_stopped_while_pretraining_its_reward_model_resumes_at_the_next_ep
     assert 2 < epochs[0] < 100 and epochs == list(range(epochs[0], 101)), epochs  # epochs 1-2 were read before the stop
     assert "pretraining the reward model: epoch" in resumed.stdout  # stopped before the last epoch: some were left
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1200
+
+
+def test_a_resumed_true_reward_run_goes_on_after_its_last_iteration_not_from_its_rounds_start(tmp_path):
+    """A true-reward run has no label rounds to redo (a round's steps are an RLHF run's label pool): rewound to the
+    start of one (here 1,000 iterations), it redid the updates since, with the learning rate and step count set back."""
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 6000").replace("--round-steps 100", "--round-steps 5000")
+    args += " --feedback true-reward --save-model"
+    out, err = interrupt_run(tmp_path, args, "step ", script=SCRIPT, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 10 <= checkpoint["iteration"] < 600  # stopped before the end, inside the first round (1,000 iterations)
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed {run_dir} at step {checkpoint['global_step']} " in resumed.stdout, resumed.stdout[:2000]
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from helpers import (
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_resumed_run_keeps_its_videos,
+    assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
@@ -531,6 +532,15 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     np.testing.assert_array_equal(labels["mu"], expected)
     status, clip = server.call("GET", f"/clips/{next(iter(answered))}-left")
     assert status == 200 and clip[:4] == b"\x1a\x45\xdf\xa3"  # WebM
+
+
+@pytest.mark.slow
+def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, label_server):
+    args = TINY.replace("--total-timesteps 1536", "--total-timesteps 1000000") + " --feedback human --pretrain-fraction 0.5"
+    run_dir, _, _ = assert_a_run_the_label_server_refuses_saves_and_says_so(
+        tmp_path, args + " --save-model", label_server, "step ", SCRIPT
+    )
+    assert len(np.load(run_dir / "labels.npz")["mu"]) >= 15  # the pretraining labels, and any since
 
 
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):

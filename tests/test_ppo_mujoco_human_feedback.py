@@ -14,6 +14,7 @@ import torch
 from helpers import (
     SCRIPT,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
+    assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
@@ -81,6 +82,13 @@ def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_
     strict = labels["mu"] != 0.5
     agreement = ((returns[:, 0] > returns[:, 1]).numpy() == (labels["mu"] == 1))[strict].mean()
     assert agreement > 0.8, agreement
+
+
+@pytest.mark.slow
+def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, label_server):
+    args = HUMAN.replace("--total-timesteps 3072", "--total-timesteps 1000000")
+    run_dir, checkpoint, _ = assert_a_run_the_label_server_refuses_saves_and_says_so(tmp_path, args, label_server, "step ")
+    assert len(np.load(run_dir / "labels.npz")["mu"]) >= 10  # the pretraining labels, and any since
 
 
 def hopper_segments(rng, n):
