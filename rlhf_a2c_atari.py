@@ -1672,6 +1672,8 @@ if __name__ == "__main__":
                 print(f"pretraining: step {global_step}, labels {buffer.total}/{args.pretrain_labels} from the initial policy")
                 writer.add_scalar("labels/total", buffer.total, global_step)
             completed, completed_step = iteration, global_step
+            if args.save_model and iteration == args.pretrain_iterations:  # Infrastructure: the reward model pretrained
+                checkpoint_now()  # (hours on a CPU, and the label wait): kept before the first periodic checkpoint
             continue
 
         if rlhf and iteration % args.reward_train_every == 0 and buffer.size:

@@ -774,6 +774,19 @@ def test_a_run_stopped_while_pretraining_its_reward_model_resumes_at_the_next_ep
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1200
 
 
+def test_a_run_killed_after_pretraining_resumes_with_its_reward_model_pretrained(tmp_path):
+    """The first periodic checkpoint comes after --checkpoint-every (2000) iterations; the pretraining before it (the
+    label wait, and hours of epochs on a CPU) has a checkpoint of its own, so a run killed (-9) in between resumes at
+    its first RL iteration. It could not resume at all ("no checkpoint")."""
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 3000") + " --save-model"
+    interrupt_run(tmp_path, args, "step ", script=SCRIPT, sig=signal.SIGKILL)  # killed in RL, before any other checkpoint
+    run_dir = only_run_dir(tmp_path)
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed {run_dir} at step 400 with 6 labels" in resumed.stdout  # 40 pretraining iterations of 10 steps
+    assert "pretraining the reward model" not in resumed.stdout
+
+
 def test_a_resumed_true_reward_run_goes_on_after_its_last_iteration_not_from_its_rounds_start(tmp_path):
     """A true-reward run has no label rounds to redo (a round's steps are an RLHF run's label pool): rewound to the
     start of one (here 1,000 iterations), it redid the updates since, with the learning rate and step count set back."""
