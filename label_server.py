@@ -464,19 +464,22 @@ class LabelStore:
         """Work out again which raters' answers count, after an answer to a golden pair. Under lock."""
         before, self.excluded = self.excluded, self._excluded_raters()
         if before - self.excluded:  # raters counted again: their answers may complete pairs still open
-            self._label_pairs_whose_answers_count_now()
+            self._label_pairs_whose_answers_count_now(before - self.excluded)
 
-    def _label_pairs_whose_answers_count_now(self):
+    def _label_pairs_whose_answers_count_now(self, raters=None):
         """Label and close the open pairs that have `overlap` counted answers: their last answer came while it did not
         count (its rater left out for golden pairs, since counted again; a smaller --overlap since a restart), so no
-        answer made the label. Under lock (or before the server serves)."""
-        rows = self.db.execute(
-            "SELECT DISTINCT p.pair_id, p.experiment FROM pairs p JOIN answers a USING (pair_id) "
-            "WHERE p.open = 1 AND p.golden IS NULL"
-        ).fetchall()
+        answer made the label. Only the pairs `raters` answered, if given. Under lock (or before the server serves)."""
+        query = "SELECT DISTINCT p.pair_id, p.experiment FROM answers a JOIN pairs p USING (pair_id) "
+        query += "WHERE p.open = 1 AND p.golden IS NULL"
+        if raters is not None:
+            query += f" AND a.rater IN ({', '.join('?' * len(raters))})"
+        rows = self.db.execute(query, sorted(raters or ())).fetchall()
+        closed = 0
         with self._transaction():
             for pair_id, experiment in rows:
-                self.open_count -= self._finalize(pair_id, experiment, False)[1]
+                closed += self._finalize(pair_id, experiment, False)[1]
+        self.open_count -= closed
 
     def _closed_by_trainer(self, pair_id, experiment, posted):
         """Has the pair's trainer closed it: the whole experiment since the pair was posted, or the pair itself (keep)?
@@ -899,7 +902,7 @@ def make_handler(store, args, rater_of_key=None):
             if self.body_handled:
                 return
             self.body_handled = True
-            length = plain_int(self.headers.get("Content-Length", "0"))
+            length = plain_int(self.headers.get("Content-Length", "0").strip(" \t"))  # as read_body reads it
             if length is None or length > args.max_json_bytes:
                 self.close_connection = True
                 # what the client still sends of it (all it will send, if its length is unknown) is the server's main

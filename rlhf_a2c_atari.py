@@ -1195,7 +1195,7 @@ class HumanTeacher:
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (poll() then stops the run)."""
+        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving)."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -1264,7 +1264,7 @@ class HumanTeacher:
                     last_poll = time.time()
                 if pair_id is None:
                     self.stop.wait(self.poll_interval)
-        except Exception as error:  # reported to the training loop by poll()
+        except Exception as error:  # the training loop stops at the end of its iteration, saving
             self.failure = f"{type(error).__name__}: {error}"
 
     def _close_pairs_not_waiting(self):
@@ -1372,7 +1372,8 @@ def checked_experiment_name(experiment):
 
 # =====================================================================================================================
 # Infrastructure: stopping, checkpoints and resuming. Ctrl-C or SIGTERM stop a run at the end of an iteration, with
-# its checkpoint (--save-model); --resume continues it from the start of the label round it was stopped in.
+# its checkpoint (--save-model); --resume continues it from the start of the label round it was stopped in (a
+# true-reward run: after its last iteration).
 # =====================================================================================================================
 def stop_on_signals():
     """A threading.Event that Ctrl-C (SIGINT) or SIGTERM (`kill`, `timeout`, a cluster's scheduler) set: the training
@@ -1774,8 +1775,8 @@ if __name__ == "__main__":
     envs.close()
     writer.close()
     if rlhf and teacher.failure and failure is None:  # Infrastructure: the label server refused the run
-        failure = (
-            f"error: the human-feedback thread stopped: {teacher.failure}. The run saved: fix that, then --resume goes on"
+        failure = f"error: the human-feedback thread stopped: {teacher.failure}. The labels are saved" + (
+            "; fix that, then --resume goes on" if args.save_model else " (no checkpoint to resume: no --save-model)"
         )
     if failure is not None:
         raise SystemExit(failure)

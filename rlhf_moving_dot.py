@@ -716,7 +716,7 @@ class SyntheticTeacher:
                                  is no label: the schedule asks a new one in its place)
         pending                  pairs asked and not yet handed over by poll() (they count as on their way)
         wait_for_answers(stop)   block until every asked pair is answered (True) or the threading.Event `stop` is set
-                                 (False); a synthetic teacher answers when asked
+                                 or the teacher fails (False); a synthetic teacher answers when asked
         save(), load(consumed_seq_in_labels)
                                  keep the unanswered pairs of a stopped run for --resume (nothing to keep here)
         consumed_seq             the label server's number of the last answer poll() handed over, saved with the
@@ -1279,7 +1279,7 @@ class HumanTeacher:
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (poll() then stops the run)."""
+        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving)."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -1347,7 +1347,7 @@ class HumanTeacher:
                     last_poll = time.time()
                 if pair_id is None:
                     self.stop.wait(self.poll_interval)
-        except Exception as error:  # reported to the training loop by poll()
+        except Exception as error:  # the training loop stops at the end of its iteration, saving
             self.failure = f"{type(error).__name__}: {error}"
 
     def _close_pairs_not_waiting(self):
@@ -1967,8 +1967,8 @@ if __name__ == "__main__":
     envs.close()
     writer.close()
     if rlhf and teacher.failure and run_error is None:  # Infrastructure: the label server refused the run
-        run_error = (
-            f"error: the human-feedback thread stopped: {teacher.failure}. The run saved: fix that, then --resume goes on"
+        run_error = f"error: the human-feedback thread stopped: {teacher.failure}. The labels are saved" + (
+            "; fix that, then --resume goes on" if args.save_model else " (no checkpoint to resume: no --save-model)"
         )
     if run_error is not None:
         raise SystemExit(run_error)

@@ -710,7 +710,7 @@ def simulator_states(envs):
 
 # RLHF: the teachers. Every teacher has the same small interface, so the training loop never asks which one it has:
 #   start() -> the teacher     ask(left, right): queue pairs     poll() -> [(left, right, mu), ...] answered so far
-#   pending: pairs asked, not yet handed over by poll()     wait_for_answers(stop) -> False if `stop` ended the wait
+#   pending: pairs asked, not yet handed over by poll()     wait_for_answers(stop) -> False if `stop` or a failure ended it
 #   save() / load(consumed_seq_in_labels): the unanswered pairs, with the run     close()
 #   consumed_seq: the label server's number of the last answer poll() handed over (0: no server), saved with the labels
 #   failure: why the teacher cannot go on (None: it can); the run then stops as at Ctrl-C, saves, and exits with it
@@ -1297,7 +1297,7 @@ class HumanTeacher:
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json"):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (poll() then stops the run)."""
+        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving)."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -1382,7 +1382,7 @@ class HumanTeacher:
                 if pair_id is None:
                     self.stop.wait(self.poll_interval)
             render_env.close()
-        except Exception as error:  # reported to the training loop by poll()
+        except Exception as error:  # the training loop stops at the end of its iteration, saving
             self.failure = f"{type(error).__name__}: {error}"
 
     def _close_pairs_not_waiting(self):
@@ -2051,6 +2051,8 @@ if __name__ == "__main__":
     envs.close()
     writer.close()
     if rlhf and teacher.failure and not error:  # Infrastructure: the label server refused the run
-        error = f"error: the human-feedback thread stopped: {teacher.failure}. The run saved: fix that, then --resume goes on"
+        error = f"error: the human-feedback thread stopped: {teacher.failure}. The labels are saved" + (
+            "; fix that, then --resume goes on" if args.save_model else " (no checkpoint to resume: no --save-model)"
+        )
     if error:
         raise SystemExit(error)

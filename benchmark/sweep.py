@@ -211,8 +211,11 @@ def imported_script(grid):
     it was (the MuJoCo script sets MUJOCO_GL at import)."""
     import importlib.util
 
+    name = f"checked_{Path(grid['script']).stem}"
+    if name in sys.modules:  # imported once per process
+        return sys.modules[name]
     environment = dict(os.environ)
-    spec = importlib.util.spec_from_file_location(f"checked_{Path(grid['script']).stem}", ROOT / grid["script"])
+    spec = importlib.util.spec_from_file_location(name, ROOT / grid["script"])
     script = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(script)
@@ -262,35 +265,46 @@ def check_runs(grid, indices, sweep_dir):
         os.environ.update(environment)
 
 
-def finished_otherwise(grid, sweep_dir):
-    """The grid's finished runs whose last start had other settings than the grid gives them now (a grid edited after
-    they finished, or another grid's runs in the same folder), each as "name: --flag started (the grid: now)". The
-    command lines are compared as the script reads them (tyro: 2e5 and 200000, or a flag at its default, are the same),
-    and a true-reward run's without the flags it never reads (TRUE_REWARD_RUNS_IGNORE). A log without its start line
-    (written by hand) is taken as the grid's."""
+def settings_changed(grid, run, started):
+    """How the arguments a run was started with (`started`, from its log) differ from those the grid gives it now: a
+    list of "--flag then (the grid: now)" ([] where the run is the grid's). They are compared as the script reads them
+    (tyro: 2e5 and 200000, or a flag at its default, are the same), a true-reward run's without the flags it never
+    reads (TRUE_REWARD_RUNS_IGNORE). Where the grid's own arguments are not the script's (a misspelt flag), that is the
+    error."""
     import tyro
 
-    differing = []
+    if started == run["args"]:
+        return []
+    script, parsed = imported_script(grid), []
+    for args in (run["args"], started):
+        output = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):  # tyro's warnings and errors
+                parsed.append(vars(tyro.cli(script.Args, args=args, prog=grid["script"])))
+        except SystemExit:
+            if args is run["args"]:
+                raise SystemExit(
+                    f"{output.getvalue()}error: run {run['name']} of the grid {grid['path']} cannot start: its script "
+                    "does not take its flags (above)"
+                ) from None
+            return [f"{shlex.join(started)}\n    (the grid: {shlex.join(run['args'])})"]  # a flag the script no longer takes
+    now, then = parsed
+    unread = TRUE_REWARD_RUNS_IGNORE.get(Path(grid["script"]).name, ()) if run["mode"] == "true" else ()
+    changed = [name for name in now if name not in unread and then.get(name) != now[name]]
+    return [f"--{name.replace('_', '-')} {then.get(name)} (the grid: {now[name]})" for name in changed]
+
+
+def finished_otherwise(grid, sweep_dir):
+    """The grid's finished runs whose last start had other settings than the grid gives them now (a grid edited after
+    they finished, or another grid's runs in the same folder), each as "name: how" (settings_changed). A log without
+    its start line (written by hand) is taken as the grid's."""
+    found = []
     for run in grid["runs"]:
         folder = sweep_dir / run["name"]
         started = started_args(folder / "run.log") if run_state(folder) == "done" else None
-        if started is not None and started != run["args"]:
-            differing.append((run, started))
-    if not differing:
-        return []
-    script, found = imported_script(grid), []
-    for run, started in differing:
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):  # a warning tyro prints
-                then, now = (vars(tyro.cli(script.Args, args=args, prog=grid["script"])) for args in (started, run["args"]))
-        except SystemExit:  # a flag the script no longer takes: the command lines as they are
-            found.append(f"{run['name']}: {shlex.join(started)}\n    (the grid: {shlex.join(run['args'])})")
-            continue
-        unread = TRUE_REWARD_RUNS_IGNORE.get(Path(grid["script"]).name, ()) if run["mode"] == "true" else ()
-        changed = [name for name in now if name not in unread and then.get(name) != now[name]]
+        changed = settings_changed(grid, run, started) if started is not None else []
         if changed:
-            flags = [f"--{name.replace('_', '-')} {then.get(name)} (the grid: {now[name]})" for name in changed]
-            found.append(f"{run['name']}: {', '.join(flags)}")
+            found.append(f"{run['name']}: {', '.join(changed)}")
     return found
 
 
@@ -409,10 +423,11 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     script = str(ROOT / grid["script"])
     if previous:
         started_with = started_args(folder / "run.log")
-        if started_with is not None and started_with != run["args"]:  # the checkpoint would keep the old settings
+        changed = settings_changed(grid, run, started_with) if started_with is not None else []
+        if changed:  # the checkpoint would keep the old settings
             print(
                 f"error: {run['name']} was started with other settings than the grid's, and its checkpoint resumes "
-                f"with the old ones.\n  started: {shlex.join(started_with)}\n  grid:    {shlex.join(run['args'])}\n"
+                f"with the old ones: {', '.join(changed)}\n"
                 f"  delete {folder} to start it again with the grid's settings, or restore the grid's old ones",
                 file=sys.stderr,
             )
@@ -474,9 +489,9 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         except OSError as error:
             requeue, why = None, str(error)
         if requeue is None or requeue.returncode != 0:  # nothing would resume the run: fail, for sacct to show
-            print(
-                f"error: Slurm did not requeue {run['name']} ({why}); the run saved and stopped. To resume it, submit "
-                f"the grid again: python benchmark/sweep.py slurm {grid['path']} --out {sweep_dir}",
+            print(  # (grid['path'] is the sweep's copy of the grid, {out}/grid_{hash}.json)
+                f"error: Slurm did not requeue {run['name']} ({why}); its run stopped (its run.log says how). To go "
+                f"on, submit the grid again: python benchmark/sweep.py slurm GRID --out {sweep_dir}",
                 file=sys.stderr,
             )
             return "failed"

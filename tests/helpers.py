@@ -445,6 +445,7 @@ def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_ser
     reader.join(timeout=30)
     log = "".join(output)
     assert "error: the human-feedback thread stopped" in log and "401" in log, log[-3000:]
+    assert "checkpoint saved to" in log and "fix that, then --resume goes on" in log  # the end-of-run saving ran
     assert "Traceback" not in log
     run_dir = only_run_dir(cwd)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # written by the stop: none was due

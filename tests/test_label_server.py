@@ -384,6 +384,13 @@ def test_a_content_length_with_spaces_around_it_is_read(label_server):
     )
     assert line.startswith("HTTP/1.1 201 "), line
     assert answers_and_label(server, "p1") == ([("ann", "left")], "left")
+    # and a body no endpoint reads (an error came first) is dropped by the same length: the connection serves on
+    line, rest = raw_request(
+        server.port,
+        b"POST /api/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2 \r\n\r\n{}"
+        + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    assert line.startswith("HTTP/1.1 404 ") and b"HTTP/1.1 200 OK" in rest, (line, rest)
 
 
 def test_an_empty_line_before_a_request_line_is_ignored(label_server):

@@ -340,8 +340,7 @@ def test_a_stopped_run_whose_settings_the_grid_changed_is_refused_and_kept(tmp_p
     again = sweep("task", grid, "--index", 1, "--out", out)
     assert again.returncode == 1
     assert "position__labels30__1 was started with other settings than the grid's" in again.stderr
-    for steps in (STOPPABLE_STEPS, 2 * STOPPABLE_STEPS):
-        assert f"--total-timesteps {steps}" in again.stderr
+    assert f"--total-timesteps {STOPPABLE_STEPS} (the grid: {2 * STOPPABLE_STEPS})" in again.stderr
     assert f"delete {folder}" in again.stderr
     assert (folder / "run.log").read_text() == first  # nothing ran
     assert sorted(p.stat().st_mtime for p in folder.glob("runs/*/checkpoint.pt")) == checkpoints
@@ -385,6 +384,29 @@ def test_a_finished_true_reward_run_is_the_grids_whatever_the_flags_only_labelle
     write_grid(tmp_path, feedback=["true"], flags=TINY_FLAGS + " --gamma 0.95")
     refused = sweep("report", grid, "--out", out)
     assert refused.returncode != 0 and "position__true__1: --gamma 0.99 (the grid: 0.95)" in refused.stderr
+
+
+def test_a_stopped_true_reward_run_resumes_whatever_the_flags_only_labelled_runs_read(tmp_path):
+    """As for finished runs: a stopped true-reward run is compared with the grid without the preference-learning flags,
+    so a grid that differs only there resumes it rather than refusing it."""
+    flags = TINY_FLAGS + " --checkpoint-every 1"
+    grid, out = write_grid(tmp_path, steps=STOPPABLE_STEPS, feedback=["true"], flags=flags), tmp_path / "out"
+    stop_the_labelled_run_midway(grid, out, index=0, name="position__true__1")
+    write_grid(tmp_path, steps=STOPPABLE_STEPS, feedback=["true"], flags=flags + " --schedule-horizon 5e4")
+    again = sweep("task", grid, "--index", 0, "--out", out)
+    assert again.returncode == 0, again.stderr
+    assert "resumed: " in (out / "position__true__1" / "run.log").read_text()
+    assert (out / "position__true__1" / "done.json").exists()
+
+
+def test_a_grid_with_a_flag_its_script_does_not_take_says_so_not_that_its_finished_runs_differ(tmp_path):
+    grid, out = write_grid(tmp_path, feedback=["true"]), tmp_path / "out"
+    assert sweep("local", grid, "--out", out).returncode == 0
+    write_grid(tmp_path, feedback=["true"], flags=TINY_FLAGS + " --gama 0.95")
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "run position__true__1 of the grid" in result.stderr and "cannot start" in result.stderr, result.stderr
+    assert "--gama" in result.stderr and "delete" not in result.stderr
 
 
 # one value for each flag sweep.py takes as unread by a true-reward run, other than the script's default (not
@@ -870,7 +892,7 @@ def test_a_task_whose_requeue_slurm_refuses_says_so_and_fails(tmp_path):
     assert "interrupted at step" in log.read_text()  # the run saved
     assert task.returncode != 0
     assert "Slurm did not requeue position__true__1 (scontrol: error: Job is not requeueable)" in stderr, stderr
-    assert f"python benchmark/sweep.py slurm {grid} --out {out}" in stderr  # how to resume it
+    assert f"python benchmark/sweep.py slurm GRID --out {out}" in stderr  # how to resume it
 
 
 def test_a_batch_of_the_grid_keeps_each_runs_place_in_it(tmp_path):
