@@ -360,12 +360,18 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # each queried pair needs two segments of its own from one rollout (offline pairs may repeat: they are random)
     most_in_one_rollout = label_schedule(args).max()
-    capacity = args.num_envs * (args.num_steps - args.segment_len + 1) // 2
+    starts = args.num_steps - args.segment_len + 1  # per environment, in episodes as long as the rollout or longer
+    within = ""
+    if args.episode_steps < args.num_steps:  # else as many as its whole episodes hold (a segment never crosses an end)
+        whole, rest = divmod(args.num_steps, args.episode_steps)
+        starts = whole * (args.episode_steps - args.segment_len + 1) + max(0, rest - args.segment_len + 1)
+        within = f" (episodes of {args.episode_steps} steps)"
+    capacity = args.num_envs * starts // 2
     if not args.offline and most_in_one_rollout > capacity:
         raise SystemExit(
             f"error: --labels {args.labels} is too large for this run: one rollout holds at most {capacity} pairs of "
-            f"{args.segment_len}-step segments, and the schedule asks for {most_in_one_rollout} in one rollout. "
-            "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer rollout."
+            f"{args.segment_len}-step segments{within}, and the schedule asks for {most_in_one_rollout} in one rollout. "
+            "Use fewer labels, a shorter --segment-len, more --total-timesteps/--pretrain-steps, or a longer rollout."
         )
 
 

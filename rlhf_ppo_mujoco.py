@@ -237,7 +237,7 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(f"error: cannot create {args.env} with --env-kwargs {args.env_kwargs}: {error}") from None
     continuous = isinstance(probe.action_space, gym.spaces.Box) and len(probe.observation_space.shape) == 1
     mujoco_task = isinstance(probe.unwrapped, MujocoEnv)  # the human teacher and --capture-video render its simulator
-    obs_shape = probe.observation_space.shape
+    obs_shape, episode_limit = probe.observation_space.shape, probe.spec.max_episode_steps  # (None: no time limit)
     probe.close()
     if not continuous:
         raise SystemExit(f"error: {args.env} is not a MuJoCo-style task (vector observations, continuous actions)")
@@ -280,8 +280,9 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(f"error: --threads must be positive and --seed in [0, 2**32 - 1] (got {args.threads}, {args.seed})")
     if not 0 < args.learning_rate < math.inf or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
-        raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
+    # gamma 1: a fall's absorbing value, its reward / (1 - gamma), would be 0/0 (README "Episodes that end early")
+    if not (0 <= args.gamma < 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
+        raise SystemExit("error: --gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive")
     if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
         raise SystemExit("error: --label-server and --label-token are for --feedback human")
     ent_coefs = (args.ent_coef, 0.0 if args.ent_coef_final is None else args.ent_coef_final)
@@ -309,6 +310,10 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(
             f"error: --segment-len {args.segment_len} must be between 2 and the rollout length --num-steps {args.num_steps}"
         )
+    if episode_limit is not None and args.segment_len > episode_limit:  # a segment never crosses an episode's end
+        raise SystemExit(
+            f"error: --segment-len {args.segment_len} is longer than an episode of {args.env} ({episode_limit} steps)"
+        )
     if not 0 < args.pretrain_fraction <= 1:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
     if min(args.ensemble_size, args.candidate_multiplier, args.pretrain_epochs, args.pair_pool_rollouts) < 1:
@@ -319,14 +324,20 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --reward-dropout must be in [0, 1)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    # each queried pair needs two segments of its own from one rollout
+    # each queried pair needs two segments of its own from one rollout, and a segment never crosses an episode's end
     per_iteration = label_schedule(args)
-    capacity = args.num_envs * (args.num_steps - args.segment_len + 1) // 2
+    starts = args.num_steps - args.segment_len + 1  # per environment, in episodes as long as the rollout or longer
+    within = ""
+    if episode_limit is not None and episode_limit < args.num_steps:  # else as many as its whole episodes hold
+        whole, rest = divmod(args.num_steps, episode_limit)
+        starts = whole * (episode_limit - args.segment_len + 1) + max(0, rest - args.segment_len + 1)
+        within = f" (episodes of at most {episode_limit} steps)"
+    capacity = args.num_envs * starts // 2
     if per_iteration.max() > capacity:
         raise SystemExit(
             f"error: --labels {args.labels} is too large for this run: one rollout holds at most {capacity} pairs of "
-            f"{args.segment_len}-step segments, and the schedule asks for {per_iteration.max()} in one rollout. "
-            "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer rollout."
+            f"{args.segment_len}-step segments{within}, and the schedule asks for {per_iteration.max()} in one rollout. "
+            "Use fewer labels, a shorter --segment-len, more --total-timesteps/--pretrain-steps, or a longer rollout."
         )
 
 

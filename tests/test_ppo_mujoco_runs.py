@@ -301,6 +301,11 @@ BAD_SETTINGS = [
     ("--labels 0", "--labels must be positive"),
     ("--segment-len 4096 --num-steps 2048", "--segment-len 4096 must be between 2 and the rollout length"),
     ("--labels 100000 --total-timesteps 100000", "--labels 100000 is too large for this run"),
+    # Reacher's episodes end after 50 steps, and a segment never crosses an episode's end: a segment longer than an
+    # episode failed at the first rollout; at the default 50 steps, one start per episode: the 70 pairs of a pretraining
+    # rollout were drawn from 40 segments, reused
+    ("--env Reacher-v5 --segment-len 60", "--segment-len 60 is longer than an episode of Reacher-v5 (50 steps)"),
+    ("--env Reacher-v5", "one rollout holds at most 20 pairs of 50-step segments (episodes of at most 50 steps)"),
     ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
     ("--num-minibatches 3", "must divide into --num-minibatches 3"),
     ("--num-minibatches 0", "--num-minibatches must be positive"),  # was a ZeroDivisionError
@@ -338,8 +343,10 @@ BAD_NUMBERS = [
     ("--vf-coef nan --target-kl nan", "--vf-coef, --target-kl must be a number, not nan"),
     ("--threads 0", "--threads must be positive and --seed in [0, 2**32 - 1] (got 0, 1)"),
     ("--seed -1", "--threads must be positive and --seed in [0, 2**32 - 1] (got 1, -1)"),
-    ("--gamma 1.5", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
-    ("--clip-coef -1", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
+    ("--gamma 1.5", "--gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive"),
+    ("--clip-coef -1", "--gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive"),
+    # a fall's absorbing value is its reward / (1 - gamma): 0/0, every reward NaN, the policy NaN after one update
+    ("--feedback true-reward --gamma 1", "--gamma must be in [0, 1)"),
     # the synthetic teacher would answer, and the server named never see a pair
     ("--label-token s3cret", "--label-server and --label-token are for --feedback human"),
     ("--feedback true-reward --label-server http://10.0.0.5:8000", "--label-server and --label-token are for --feedback"),
