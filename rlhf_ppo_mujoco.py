@@ -1909,6 +1909,9 @@ if __name__ == "__main__":
             print(f"pretraining: step {global_step}, labels {buffer.size}/{pretrain_labels} from the initial policy")
             writer.add_scalar("labels/total", buffer.size, global_step)
             completed, completed_step = iteration, global_step
+            if args.save_model and iteration == args.pretrain_iterations:  # Infrastructure: the reward model is
+                save_labels(buffer, teacher, labels_path)  # pretrained (and, with people, the labels waited for): kept
+                checkpoint_now()  # before the first periodic checkpoint
             continue
 
         dones = terminations | truncations

@@ -415,6 +415,18 @@ def assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(server
             new_teacher(name)
 
 
+def assert_a_run_killed_after_pretraining_resumes_pretrained(cwd, args, pretrain_steps, script=SCRIPT):
+    """The first periodic checkpoint comes after --checkpoint-every iterations of RL; the pretraining before it (the
+    label wait, the epochs) has a checkpoint of its own, with its labels, so a run killed (-9) in between resumes at its
+    first RL iteration with its reward model pretrained. It could not resume at all ("no checkpoint")."""
+    interrupt_run(cwd, args + " --save-model --checkpoint-every 1000", "step ", script=script, sig=signal.SIGKILL)
+    run_dir = only_run_dir(cwd)
+    resumed = run_script(cwd, f"--resume {run_dir}", script=script)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed {run_dir} at step {pretrain_steps} " in resumed.stdout, resumed.stdout[:2000]
+    assert "pretraining" not in resumed.stdout and "pretrained" not in resumed.stdout
+
+
 def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_server, rl_line, script=SCRIPT):
     """A label server restarted with a --token the run was not given answers it 401: the human-feedback thread stops.
     The run stops at the end of its iteration as at Ctrl-C, saves its labels and checkpoint (none was due: the first

@@ -18,6 +18,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
@@ -755,6 +756,10 @@ def test_a_resumed_run_asks_only_the_labels_its_schedule_still_misses(tmp_path):
     expected = [max(held, int(schedule[: step // settings.batch_size].sum())) for step, _ in curve]
     assert [int(value) for _, value in curve] == expected
     assert curve[-1][1] == settings.labels and len(np.load(run_dir / "labels.npz")["mu"]) == settings.labels
+
+
+def test_a_run_killed_after_pretraining_resumes_with_its_reward_model_pretrained(tmp_path):
+    assert_a_run_killed_after_pretraining_resumes_pretrained(tmp_path, TINY, 512, SCRIPT)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 import tyro
 from helpers import (
+    assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_resumed_run_keeps_its_videos,
     assert_sigterm_stops_like_ctrl_c,
@@ -260,6 +261,10 @@ def test_a_resumed_run_asks_only_the_labels_missing_from_its_schedule(tmp_path):
     assert after_resume
     for step, total in after_resume:  # nothing asked until the schedule passes what is held, then its pace
         assert total == max(held + 7, scheduled_so_far[step // run_args.batch_size - 1]), step
+
+
+def test_a_run_killed_after_pretraining_resumes_with_its_reward_model_pretrained(tmp_path):
+    assert_a_run_killed_after_pretraining_resumes_pretrained(tmp_path, TINY, 1024)
 
 
 @pytest.mark.slow
