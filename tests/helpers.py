@@ -415,6 +415,18 @@ def assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once(server
             new_teacher(name)
 
 
+def start_trainer(cwd, args, script=SCRIPT):
+    """The script started in the background: (its process, the lines of its output so far, filled by a thread, that
+    thread)."""
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), *args.split()], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    output = []
+    reader = threading.Thread(target=lambda: output.extend(trainer.stdout), daemon=True)
+    reader.start()
+    return trainer, output, reader
+
+
 def assert_a_run_killed_after_pretraining_resumes_pretrained(cwd, args, pretrain_steps, script=SCRIPT):
     """The first periodic checkpoint comes after --checkpoint-every iterations of RL; the pretraining before it (the
     label wait, the epochs) has a checkpoint of its own, with its labels, so a run killed (-9) in between resumes at its
@@ -433,16 +445,7 @@ def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_ser
     periodic one is far off), and exits with the server's message. It stopped at once, without the end-of-run saving,
     losing every iteration since its last checkpoint. `rl_line`: the start of a progress line of RL (not pretraining)."""
     server = label_server()
-    trainer = subprocess.Popen(
-        [sys.executable, str(script), *args.split(), "--label-server", server.url, "--checkpoint-every", "100000"],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output = []
-    reader = threading.Thread(target=lambda: output.extend(trainer.stdout), daemon=True)
-    reader.start()
+    trainer, output, reader = start_trainer(cwd, f"{args} --label-server {server.url} --checkpoint-every 100000", script)
     try:
         with rating_by_script(server):
             deadline = time.time() + 300

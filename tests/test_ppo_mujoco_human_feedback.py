@@ -2,9 +2,6 @@
 of a scripted rater who answers through the HTTP API by the true reward; a server that is down at the start is waited
 for; pairs still unanswered when a run stops are saved and asked again on resume."""
 
-import subprocess
-import sys
-import threading
 import time
 
 import numpy as np
@@ -12,7 +9,6 @@ import pytest
 import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
-    SCRIPT,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
@@ -23,6 +19,7 @@ from helpers import (
     free_port,
     only_run_dir,
     rating_by_script,
+    start_trainer,
 )
 
 HUMAN = (
@@ -34,16 +31,7 @@ HUMAN = (
 @pytest.mark.slow
 def test_training_from_a_rater_behind_a_server_that_starts_late(tmp_path, label_server):
     port = free_port()
-    trainer = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *HUMAN.split(), "--label-server", f"http://127.0.0.1:{port}"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output = []
-    reader = threading.Thread(target=lambda: output.extend(trainer.stdout), daemon=True)
-    reader.start()
+    trainer, output, reader = start_trainer(tmp_path, f"{HUMAN} --label-server http://127.0.0.1:{port}")
     deadline = time.time() + 120
     while not any("unreachable" in line for line in output):  # the trainer notices the server is down, and says so
         assert time.time() < deadline and trainer.poll() is None, "".join(output)
