@@ -212,6 +212,22 @@ def fill_runtime_fields(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
 
 
+def fewest_segment_starts(num_steps, segment_len, episode_len=None):
+    """The fewest steps a segment can start at in one environment's rollout of `num_steps` steps, over every step of an
+    episode the rollout can begin at, with episodes of `episode_len` steps (None: no time limit); a segment never
+    crosses an episode's end. Episodes that end earlier (a fall) leave fewer."""
+    if episode_len is None:
+        return num_steps - segment_len + 1
+    fewest = num_steps
+    for offset in range(episode_len):  # the rollout begins `offset` steps into an episode
+        starts, left, piece = 0, num_steps, min(num_steps, episode_len - offset)
+        while left > 0:
+            starts, left = starts + max(0, piece - segment_len + 1), left - piece
+            piece = min(episode_len, left)
+        fewest = min(fewest, starts)
+    return fewest
+
+
 def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created. Expects the run-time
     fields (fill_runtime_fields); changes nothing. With `run_dir`, also checks that the label server can carry its name
@@ -326,16 +342,11 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # each queried pair needs two segments of its own from one rollout, and a segment never crosses an episode's end
     per_iteration = label_schedule(args)
-    starts = args.num_steps - args.segment_len + 1  # per environment, in episodes as long as the rollout or longer
-    within = ""
-    if episode_limit is not None and episode_limit < args.num_steps:  # else as many as its whole episodes hold
-        whole, rest = divmod(args.num_steps, episode_limit)
-        starts = whole * (episode_limit - args.segment_len + 1) + max(0, rest - args.segment_len + 1)
-        within = f" (episodes of at most {episode_limit} steps)"
-    capacity = args.num_envs * starts // 2
+    capacity = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, episode_limit) // 2
+    within = f" (episodes of at most {episode_limit} steps)" if episode_limit is not None else ""
     if per_iteration.max() > capacity:
         raise SystemExit(
-            f"error: --labels {args.labels} is too large for this run: one rollout holds at most {capacity} pairs of "
+            f"error: --labels {args.labels} is too large for this run: a rollout can hold as few as {capacity} pairs of "
             f"{args.segment_len}-step segments{within}, and the schedule asks for {per_iteration.max()} in one rollout. "
             "Use fewer labels, a shorter --segment-len, more --total-timesteps/--pretrain-steps, or a longer rollout."
         )

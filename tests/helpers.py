@@ -433,6 +433,9 @@ def assert_a_run_killed_after_pretraining_resumes_pretrained(cwd, args, pretrain
     first RL iteration with its reward model pretrained. It could not resume at all ("no checkpoint")."""
     interrupt_run(cwd, args + " --save-model --checkpoint-every 1000", "step ", script=script, sig=signal.SIGKILL)
     run_dir = only_run_dir(cwd)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    figures = checkpoint.get("reward_model_figures") or checkpoint["reward_evaluation"]  # (losses, validation accuracy)
+    assert checkpoint["global_step"] == pretrain_steps and 0 <= figures[2] <= 1  # validated: after the pretraining
     resumed = run_script(cwd, f"--resume {run_dir}", script=script)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {run_dir} at step {pretrain_steps} " in resumed.stdout, resumed.stdout[:2000]

@@ -839,8 +839,10 @@ BAD_SETTINGS = [
     ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
     ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),
     ("--labels 100000 --total-timesteps 20000", "--labels 100000 is too large for this run"),
-    # a segment never crosses an episode's end: with 10-step episodes, one start per episode (12 a rollout per env)
-    ("--labels 3000 --episode-steps 10", "one rollout holds at most 48 pairs of 10-step segments (episodes of 10 steps)"),
+    # a segment never crosses an episode's end: with 10-step episodes, one start per episode (11-12 a rollout per env)
+    ("--labels 3000 --episode-steps 10", "a rollout can hold as few as 44 pairs of 10-step segments (episodes of 10 steps)"),
+    # a rollout that begins inside an episode holds fewer than the first (here 31 starts, not 79): was a crash mid-run
+    ("--num-steps 128 --episode-steps 150 --segment-len 100 --num-envs 2 --labels 20 --total-timesteps 20480", "as few as 0"),
     ("--total-timesteps 8192", "leaves no RL after 8 pretraining rollouts"),
 ]
 

@@ -308,9 +308,11 @@ BAD_SETTINGS = [
     ("--labels 100000 --total-timesteps 100000", "--labels 100000 is too large for this run"),
     # Reacher's episodes end after 50 steps, and a segment never crosses an episode's end: a segment longer than an
     # episode failed at the first rollout; at the default 50 steps, one start per episode: the 70 pairs of a pretraining
-    # rollout were drawn from 40 segments, reused
+    # rollout were drawn from 39-40 segments, reused
     ("--env Reacher-v5 --segment-len 60", "--segment-len 60 is longer than an episode of Reacher-v5 (50 steps)"),
-    ("--env Reacher-v5", "one rollout holds at most 20 pairs of 50-step segments (episodes of at most 50 steps)"),
+    ("--env Reacher-v5", "a rollout can hold as few as 19 pairs of 50-step segments (episodes of at most 50 steps)"),
+    # and a rollout that begins inside an episode holds fewer than the first: here none, and a crash at the second
+    ("--env Reacher-v5 --num-steps 64 --num-envs 8 --segment-len 50 --labels 20", "can hold as few as 0 pairs"),
     ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
     ("--num-minibatches 3", "must divide into --num-minibatches 3"),
     ("--num-minibatches 0", "--num-minibatches must be positive"),  # was a ZeroDivisionError

@@ -887,3 +887,19 @@ def test_pretraining_standardises_the_reward_inputs_by_the_labelled_steps_only(r
     for ensemble in (training.ensemble, training.training_ensemble):  # PPO's copy takes them too
         torch.testing.assert_close(ensemble.input_mean, expected_mean)
         torch.testing.assert_close(ensemble.input_std, expected_std)
+
+
+def test_the_fewest_segment_starts_of_a_rollout_are_those_counted_one_by_one():
+    """validate_args refuses a label budget that some rollout cannot hold: its count of the steps a segment can start at
+    (never across an episode's end), over every step of an episode a rollout can begin at, against a direct count."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        num_steps, episode_len = int(rng.integers(2, 150)), int(rng.integers(1, 100))
+        segment_len = int(rng.integers(1, min(num_steps, episode_len) + 1))
+        counted = []
+        for offset in range(episode_len):  # the rollout begins `offset` steps into an episode
+            ends = range(episode_len - offset, num_steps, episode_len)  # steps that begin a new episode
+            starts = [t for t in range(num_steps - segment_len + 1) if not any(t < end < t + segment_len for end in ends)]
+            counted.append(len(starts))
+        assert rl.fewest_segment_starts(num_steps, segment_len, episode_len) == min(counted)
+    assert rl.fewest_segment_starts(2048, 50) == 1999  # no time limit
