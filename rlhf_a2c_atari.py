@@ -1450,6 +1450,15 @@ def resumed_args(args: Args, checkpoint, argv=()) -> Args:
     trained = checkpoint.get("reward_steps", 0) > 0 or checkpoint.get("reward_pretrain_epochs", 0) > 0
     if trained and not args.eval_only and not saved_batches:
         raise SystemExit(f"error: {args.resume} has a checkpoint but not the labels saved with it ({labels_dir}/)")
+    held = 0
+    for name in saved_batches:
+        with np.load(os.path.join(labels_dir, name)) as batch:
+            held += len(batch["mu"])
+    if held < checkpoint.get("labels_held", 0) and not args.eval_only:  # a batch missing (a folder copied in part)
+        raise SystemExit(
+            f"error: {labels_dir}/ holds {held} labels, fewer than the {checkpoint['labels_held']} its checkpoint held: "
+            "a label batch is missing (copy the run folder whole)"
+        )
     return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
 
 
@@ -1462,7 +1471,9 @@ def video_recorder(env):
     return env
 
 
-def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, reward_training, policy_normalizer, envs):
+def save_checkpoint(
+    path, args, iteration, global_step, agent, optimizer, rng, reward_training, policy_normalizer, envs, labels_held=0
+):
     """Everything needed to evaluate the agent or resume the run after `iteration` (exactly as if it had never stopped
     when that ends a label round, but for the games' state), written atomically: a run killed while saving keeps the
     old checkpoint. With --capture-video, the number of environment 0's game under way, so that a resumed run's videos
@@ -1475,6 +1486,7 @@ def save_checkpoint(path, args, iteration, global_step, agent, optimizer, rng, r
         "global_step": global_step,
         "iteration": iteration,
         "video_episode": recorder.episode if (recorder := video_recorder(envs.envs[0])) else None,
+        "labels_held": labels_held,  # a resume refuses a labels/ folder that holds fewer
     }
     if reward_training is not None:
         state |= reward_training.state_dict()  # after the reward thread's step in progress
@@ -1609,8 +1621,19 @@ if __name__ == "__main__":
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C and SIGTERM stop the run at the end of an iteration
 
     def checkpoint_now():  # Infrastructure
+        labels_held = buffer.total if rlhf else 0
         save_checkpoint(
-            checkpoint_path, args, completed, completed_step, agent, optimizer, rng, reward_training, policy_normalizer, envs
+            checkpoint_path,
+            args,
+            completed,
+            completed_step,
+            agent,
+            optimizer,
+            rng,
+            reward_training,
+            policy_normalizer,
+            envs,
+            labels_held,
         )
 
     for iteration in range(start_iteration, args.num_iterations + 1):

@@ -781,6 +781,7 @@ def test_a_run_killed_after_pretraining_resumes_with_its_reward_model_pretrained
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 3000") + " --save-model"
     interrupt_run(tmp_path, args, "step ", script=SCRIPT, sig=signal.SIGKILL)  # killed in RL, before any other checkpoint
     run_dir = only_run_dir(tmp_path)
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["labels_held"] == 6  # the pretraining labels
     resumed = run_atari(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {run_dir} at step 400 with 6 labels" in resumed.stdout  # 40 pretraining iterations of 10 steps
@@ -918,6 +919,23 @@ def test_a_resume_without_the_labels_its_reward_model_trained_on_is_refused(tmp_
         with pytest.raises(SystemExit, match="has a checkpoint but not the labels saved with it"):
             atari.resumed_args(resume, {**saved, **counters})
     assert atari.resumed_args(resume, {**saved, "reward_steps": 0, "reward_pretrain_epochs": 0}).labels == 40
+
+
+def test_a_resume_with_fewer_labels_than_its_checkpoint_held_is_refused(tmp_path):
+    """A run folder copied in part (a label batch missing) resumed with fewer labels than its reward model had trained
+    on, and the label budget asked for the missing ones again."""
+    rng = np.random.default_rng(0)
+    buffer = atari.LabelBuffer(10, 2, 3, rng)
+    for count in (4, 6):
+        segments = block_frames(rng, count, 2)
+        stored = buffer.add(segments, segments, np.ones(count))
+        atari.save_labels(str(tmp_path / "labels"), stored | {"end": buffer.total})
+    saved = {"args": vars(atari.Args(labels=40)), "reward_steps": 64, "reward_pretrain_epochs": 200, "labels_held": 10}
+    resume = atari.Args(resume=str(tmp_path))
+    assert atari.resumed_args(resume, saved).labels == 40  # every batch there
+    (tmp_path / "labels" / "0000004.npz").unlink()
+    with pytest.raises(SystemExit, match=r"holds 6 labels, fewer than the 10 its checkpoint held"):
+        atari.resumed_args(resume, saved)
 
 
 def test_the_first_stop_request_ends_the_run_at_the_end_of_the_iteration_and_a_later_ctrl_c_at_once():
