@@ -1014,9 +1014,10 @@ def make_handler(store, args, rater_of_key=None):
 
         def dispatch(self, method):
             try:
-                url = urllib.parse.urlsplit(self.path) if request_path(self.path) is not None else None
-                if url is None:  # e.g. an unclosed IPv6 bracket
-                    raise ApiError(HTTPStatus.BAD_REQUEST, f"the request target is not a URL: {self.path!r}")
+                try:
+                    url = urllib.parse.urlsplit(self.path)
+                except ValueError:  # e.g. an unclosed IPv6 bracket
+                    raise ApiError(HTTPStatus.BAD_REQUEST, f"the request target is not a URL: {self.path!r}") from None
                 query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
                 parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
                 self.check_origin(method, parts)

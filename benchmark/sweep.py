@@ -17,23 +17,23 @@ A grid is a JSON file (benchmark/grids/*.json):
                                                 # seeds, keyed by the feedback as a string; the others keep "seeds"
 
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
---save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is
-appended to run.log there, and done.json is written when it has run to the end (until then a .gitignore in the
-folder keeps `git add`, and `git status`, off its new files; a run whose folder holds files git tracks, a partial
-run.log committed by hand, is refused until they are untracked). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time
-limit: the scripts save a checkpoint at the end of the iteration) is resumed from its checkpoint with the script's
---resume; one that left no checkpoint starts again. So the same command can be repeated until the grid is complete;
-finished runs are skipped, and a run under way is left alone (its task and its script hold a lock on run.lock in its
-folder, the script also after its task was killed; where the file system has working locks). A checkpoint resumes
-with the settings it was started with, so a stopped run whose arguments the grid has changed since (steps, flags) is
-refused with a message, not finished at the old ones. A finished run that ran with other settings than the grid
-gives it now (a grid edited after it finished, or another grid's runs in the same --out) stops `local`, `slurm` and
-`report` with a message naming it and what differs, rather than count as done and be reported as the grid's; a
-true-reward run is compared without the flags it never reads (TRUE_REWARD_RUNS_IGNORE). A grid with a key not shown above, a key twice in one object,
-a seed or feedback listed twice, or flags that set what the grid sets for each run (the env flag, --seed,
---total-timesteps, --feedback, --labels: the script would take the last value; --no-save-model) is refused. Before
-any run starts, `local` and `slurm` read each run's command line with its script's own checks (tyro, validate_args): a
-misspelt env id or flag stops the sweep with one message.
+--save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is appended
+to run.log there, and done.json is written when it has run to the end (until then a .gitignore in the folder keeps `git
+add`, and `git status`, off its new files; a run whose folder holds files git tracks, a partial run.log committed by
+hand, is refused until they are untracked). A run that was stopped (Ctrl-C, SIGTERM, a Slurm time limit: the scripts
+save a checkpoint at the end of the iteration) is resumed from its checkpoint with the script's --resume; one that left
+no checkpoint starts again. So the same command can be repeated until the grid is complete; finished runs are skipped,
+and a run under way is left alone (its task and its script hold a lock on run.lock in its folder, the script also after
+its task was killed; where the file system has working locks). A checkpoint resumes with the settings it was started
+with, so a stopped run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished
+at the old ones. A finished run that ran with other settings than the grid gives it now (a grid edited after it
+finished, or another grid's runs in the same --out) stops `local`, `slurm` and `report` with a message naming it and
+what differs, rather than count as done and be reported as the grid's; a true-reward run is compared without the flags
+it never reads (TRUE_REWARD_RUNS_IGNORE). A grid with a key not shown above, a key twice in one object, a seed or
+feedback listed twice, or flags that set what the grid sets for each run (the env flag, --seed, --total-timesteps,
+--feedback, --labels: the script would take the last value; --no-save-model) is refused. Before any run starts, `local`
+and `slurm` read each run's command line with its script's own checks (tyro, validate_args): a misspelt env id or flag
+stops the sweep with one message.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
                                                                 # (stopped by Ctrl-C or SIGTERM: exit 130 or 143)
@@ -47,11 +47,10 @@ misspelt env id or flag stops the sweep with one message.
 `local` and `slurm` start each run as `sweep.py task {out}/grid_{hash}.json --index I`, which reads a copy of the grid
 taken when the sweep started (named by its content), so an edit of the grid file while a sweep runs, or a later
 submission of an edited grid, leaves the runs of the sweep under way and of queued tasks alone.
-`slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run). Shortly before the time limit
-(--signal-seconds, 120) Slurm signals the task, which stops its run (it saves a checkpoint) and requeues itself
-(`scontrol requeue`; where Slurm refuses, the task says so and fails), so a run longer than the limit goes on where
-it stopped; submitting the same command again also
-resumes what is left. Run `report` once the array is done.
+`slurm` submits the runs that are not done as one job array (`sbatch --array`, one task per run). Shortly before the
+time limit (--signal-seconds, 120) Slurm signals the task, which stops its run (it saves a checkpoint) and requeues
+itself (`scontrol requeue`; where Slurm refuses, the task says so and fails), so a run longer than the limit goes on
+where it stopped; submitting the same command again also resumes what is left. Run `report` once the array is done.
 `--out` (default benchmark/sweeps/{grid name}) sets where the runs go.
 """
 
