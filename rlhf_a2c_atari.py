@@ -312,6 +312,11 @@ def fill_runtime_fields(args: Args) -> None:
     args.pretrain_iterations = pretrain_rounds * args.iterations_per_round
 
 
+def flag_list(names):
+    """'--a is' or '--a, --b are': argument names as the command line spells them, for an error message."""
+    return ", ".join(f"--{name.replace('_', '-')}" for name in names) + (" is" if len(names) == 1 else " are")
+
+
 def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created (after
     fill_runtime_fields)."""
@@ -334,8 +339,16 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --reward-lr and --learning-rate must be positive finite numbers")
     if not (0 <= args.gamma <= 1 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma must be in [0, 1] and --max-grad-norm positive")
-    if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
-        raise SystemExit("error: --label-server and --label-token are for --feedback human")
+    # settings that only one kind of teacher reads: given to another, they would be silently ignored
+    changed = [name for name, value in vars(args).items() if value != getattr(Args, name)]
+    human_flags = [
+        name for name in changed if name in ("label_server", "label_token", "instruction", "clip_scale", "clip_fps")
+    ]
+    if args.feedback != "human" and human_flags:
+        raise SystemExit(f"error: {flag_list(human_flags)} for --feedback human")
+    teacher_flags = [name for name in changed if name.startswith("teacher_")]
+    if args.feedback == "human" and teacher_flags:
+        raise SystemExit(f"error: {flag_list(teacher_flags)} for the synthetic teacher, not for --feedback human")
     if args.round_steps < 1 or args.round_steps % args.num_steps:
         raise SystemExit(
             f"error: --round-steps {args.round_steps} must be a positive multiple of --num-steps {args.num_steps}"

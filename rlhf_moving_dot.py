@@ -288,6 +288,11 @@ def fewest_segment_starts(num_steps, segment_len, episode_len=None):
     return fewest
 
 
+def flag_list(names):
+    """'--a is' or '--a, --b are': argument names as the command line spells them, for an error message."""
+    return ", ".join(f"--{name.replace('_', '-')}" for name in names) + (" is" if len(names) == 1 else " are")
+
+
 def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created; changes nothing."""
     for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "episode_steps"):
@@ -333,8 +338,14 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
-    if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
-        raise SystemExit("error: --label-server and --label-token are for --feedback human")
+    # settings that only one kind of teacher reads: given to another, they would be silently ignored
+    changed = [name for name, value in vars(args).items() if value != getattr(Args, name)]
+    human_flags = [name for name in changed if name in ("label_server", "label_token", "instruction", "clip_fps")]
+    if args.feedback != "human" and human_flags:
+        raise SystemExit(f"error: {flag_list(human_flags)} for --feedback human")
+    teacher_flags = [name for name in changed if name.startswith("teacher_")]
+    if args.feedback == "human" and teacher_flags:
+        raise SystemExit(f"error: {flag_list(teacher_flags)} for the synthetic teacher, not for --feedback human")
     if args.feedback == "true-reward":
         return
     if args.feedback == "human":

@@ -228,6 +228,11 @@ def fewest_segment_starts(num_steps, segment_len, episode_len=None):
     return fewest
 
 
+def flag_list(names):
+    """'--a is' or '--a, --b are': argument names as the command line spells them, for an error message."""
+    return ", ".join(f"--{name.replace('_', '-')}" for name in names) + (" is" if len(names) == 1 else " are")
+
+
 def validate_args(args: Args, run_dir=None) -> None:
     """Reject impossible settings with a message (no traceback) before anything is created. Expects the run-time
     fields (fill_runtime_fields); changes nothing. With `run_dir`, also checks that the label server can carry its name
@@ -299,8 +304,16 @@ def validate_args(args: Args, run_dir=None) -> None:
     # gamma 1: a fall's absorbing value, its reward / (1 - gamma), would be 0/0 (README "Episodes that end early")
     if not (0 <= args.gamma < 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive")
-    if args.feedback != "human" and (args.label_server != Args.label_server or args.label_token is not None):
-        raise SystemExit("error: --label-server and --label-token are for --feedback human")
+    # settings that only one kind of teacher reads: given to another, they would be silently ignored
+    changed = [name for name, value in vars(args).items() if value != getattr(Args, name)]
+    human_flags = [name for name in changed if name in ("label_server", "label_token", "instruction", "clip_size", "clip_fps")]
+    if args.feedback != "human" and human_flags:
+        raise SystemExit(f"error: {flag_list(human_flags)} for --feedback human")
+    teacher_flags = [name for name in changed if name.startswith("teacher_")]
+    if args.feedback == "human" and teacher_flags:
+        raise SystemExit(
+            f"error: {flag_list(teacher_flags)} for the synthetic and scripted teachers, not for --feedback human"
+        )
     ent_coefs = (args.ent_coef, 0.0 if args.ent_coef_final is None else args.ent_coef_final)
     if not all(math.isfinite(coef) for coef in ent_coefs):
         raise SystemExit("error: --ent-coef and --ent-coef-final must be finite numbers")

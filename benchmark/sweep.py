@@ -84,20 +84,21 @@ C17_CLAIM = {1400: 1.0, 700: 0.95, 350: 0.9}  # C17 3.1: labels -> the share of 
 # --- the grid ---------------------------------------------------------------------------------------------------------
 # the flags a --feedback true-reward run never reads (tests/test_sweep.py runs one with all of them changed: the same
 # run): a finished true-reward run is the grid's whatever they say, so grids that differ only in the preference
-# learning share their true-reward runs (copied from one sweep to the other); a script not named here: every flag counts
+# learning share their true-reward runs (copied from one sweep to the other); a script not named here: every flag
+# counts. The clips' flags (--instruction, --clip-fps, ...) are not here: a run without --feedback human refuses them
 TRUE_REWARD_RUNS_IGNORE = {
     "rlhf_ppo_mujoco.py": (
         "labels", "segment_len", "pretrain_fraction", "pretrain_steps", "pretrain_epochs", "schedule_horizon",
         "selection", "candidate_multiplier", "pair_pool_rollouts", "ensemble_size", "reward_lr", "reward_dropout",
         "reward_input_norm", "reward_batch_size", "reward_updates", "reward_eval_every", "reward_std",
         "anchor_absorbing", "label_noise", "teacher_beta", "teacher_gamma", "teacher_epsilon",
-        "teacher_skip_threshold", "teacher_equal_margin", "instruction", "clip_size", "clip_fps",
+        "teacher_skip_threshold", "teacher_equal_margin",
     ),
     "rlhf_moving_dot.py": (
         "labels", "segment_len", "pretrain_fraction", "pretrain_steps", "pretrain_epochs", "schedule_horizon",
         "selection", "candidate_multiplier", "ensemble_size", "reward_form", "reward_lr", "reward_batch_size",
         "reward_updates", "reward_eval_every", "reward_std", "label_noise", "teacher_beta", "teacher_gamma",
-        "teacher_epsilon", "teacher_skip_threshold", "teacher_equal_margin", "instruction", "clip_fps",
+        "teacher_epsilon", "teacher_skip_threshold", "teacher_equal_margin",
     ),
 }  # fmt: skip
 GRID_KEYS = ("script", "envs", "feedback", "seeds", "seeds_by_feedback", "steps", "flags", "env_flag", "note")

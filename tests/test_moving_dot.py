@@ -862,7 +862,9 @@ BAD_NUMBERS = [
     ("--threads 0", "--threads must be positive and --seed in [0, 2**32 - 1] (got 0, 1)"),  # tracebacks, both
     ("--seed -1", "--threads must be positive and --seed in [0, 2**32 - 1] (got 1, -1)"),
     ("--gae-lambda 2", "--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive"),
-    ("--label-token s3cret", "--label-server and --label-token are for --feedback human"),  # the synthetic teacher answered
+    ("--label-token s3cret", "error: --label-token is for --feedback human"),  # the synthetic teacher answered
+    ("--feedback true-reward --instruction Which --clip-fps 3", "error: --instruction, --clip-fps are for --feedback human"),
+    ("--feedback human --teacher-gamma 0.9 --teacher-equal-margin 1", "error: --teacher-gamma, --teacher-equal-margin are"),
     ("--segment-len 200 --episode-steps 100 --num-steps 256", "--segment-len 200 is longer than an episode"),  # was mid-run
     # tracebacks from sqlite3 once the run had begun
     ("--offline --preference-db no/such/folder/p.sqlite", "--preference-db no/such/folder/p.sqlite: no folder no/such/folder"),

@@ -355,8 +355,16 @@ BAD_NUMBERS = [
     # a fall's absorbing value is its reward / (1 - gamma): 0/0, every reward NaN, the policy NaN after one update
     ("--feedback true-reward --gamma 1", "--gamma must be in [0, 1)"),
     # the synthetic teacher would answer, and the server named never see a pair
-    ("--label-token s3cret", "--label-server and --label-token are for --feedback human"),
-    ("--feedback true-reward --label-server http://10.0.0.5:8000", "--label-server and --label-token are for --feedback"),
+    ("--label-token s3cret", "error: --label-token is for --feedback human"),
+    ("--feedback true-reward --label-server http://10.0.0.5:8000", "error: --label-server is for --feedback human"),
+    # settings of the clips people watch, or of the simulated teachers, that the run's teacher would silently ignore
+    ("--instruction Which --clip-fps 10", "error: --instruction, --clip-fps are for --feedback human"),
+    ("--feedback scripted --behaviour backflip --clip-size 64", "error: --clip-size is for --feedback human"),
+    (
+        "--feedback human --teacher-beta 2 --teacher-epsilon 0.1",
+        "error: --teacher-beta, --teacher-epsilon are for the synthetic",
+    ),
+    ("--feedback human --teacher-skip-threshold 0", "error: --teacher-skip-threshold is for the synthetic and scripted"),
 ]
 
 

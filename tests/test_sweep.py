@@ -437,9 +437,6 @@ UNREAD_BY_TRUE_REWARD_RUNS = {
     "teacher_epsilon": "--teacher-epsilon 0.1",
     "teacher_skip_threshold": "--teacher-skip-threshold -5",
     "teacher_equal_margin": "--teacher-equal-margin 0.5",
-    "instruction": "--instruction Which?",
-    "clip_size": "--clip-size 160",
-    "clip_fps": "--clip-fps 3",
 }
 
 
