@@ -215,7 +215,7 @@ def fill_runtime_fields(args: Args) -> None:
 def fewest_segment_starts(num_steps, segment_len, episode_len=None):
     """The fewest steps a segment can start at in one environment's rollout of `num_steps` steps, over every step of an
     episode the rollout can begin at, with episodes of `episode_len` steps (None: no time limit); a segment never
-    crosses an episode's end. Episodes that end earlier (a fall) leave fewer."""
+    crosses a time limit. Falls never leave fewer: a segment may run into a termination (sample_segments)."""
     if episode_len is None:
         return num_steps - segment_len + 1
     fewest = num_steps

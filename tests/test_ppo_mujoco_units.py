@@ -903,3 +903,29 @@ def test_the_fewest_segment_starts_of_a_rollout_are_those_counted_one_by_one():
             counted.append(len(starts))
         assert rl.fewest_segment_starts(num_steps, segment_len, episode_len) == min(counted)
     assert rl.fewest_segment_starts(2048, 50) == 1999  # no time limit
+
+
+def test_rollouts_with_falls_hold_at_least_the_segments_counted_for_episodes_run_to_their_time_limit():
+    """The capacity check counts episodes that all reach the time limit; an episode that falls (a termination) ends
+    early, and a segment may run into it. sample_segments asked for that many segments of a rollout with falls draws
+    them all from different starts (had it fewer valid starts, it would draw with replacement: a repeat)."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        episode_len = int(rng.integers(5, 120))
+        num_steps, segment_len = int(rng.integers(episode_len, 400)), int(rng.integers(2, episode_len + 1))
+        fall_chance, age = rng.choice([0.0, 0.003, 0.02, 0.1, 0.5]), int(rng.integers(0, episode_len))
+        terminated, truncated = np.zeros((num_steps, 1), bool), np.zeros((num_steps, 1), bool)
+        for t in range(num_steps):  # one environment: an episode under way, then episodes that fall or time out
+            age += 1
+            terminated[t] = rng.random() < fall_chance
+            truncated[t] = not terminated[t] and age == episode_len
+            age = 0 if terminated[t] or truncated[t] else age
+        step_ids = np.arange(num_steps, dtype=np.float32)[:, None, None]  # each step's observation is its index
+        rollout = {"obs": step_ids, "act": step_ids, "true_reward": np.ones((num_steps, 1))}
+        rollout |= {"terminated": terminated, "truncated": truncated}
+        count = rl.fewest_segment_starts(num_steps, segment_len, episode_len)
+        if count == 0:
+            continue
+        segments = rl.sample_segments(rng, rollout, segment_len, count)
+        starts = segments["obs"][:, 0, 0]
+        assert len(np.unique(starts)) == count, (num_steps, segment_len, episode_len, fall_chance)
