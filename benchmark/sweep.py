@@ -296,7 +296,7 @@ def settings_changed(grid, run, started):
 
 def finished_otherwise(grid, sweep_dir):
     """The grid's finished runs whose last start had other settings than the grid gives them now (a grid edited after
-    they finished, or another grid's runs in the same folder), each as "name: how" (settings_changed). A log without
+    they finished, or another grid's runs in the same folder), each as (name, "name: how") (settings_changed). A log without
     its start line (written by hand) is taken as the grid's."""
     found = []
     for run in grid["runs"]:
@@ -304,12 +304,12 @@ def finished_otherwise(grid, sweep_dir):
         started = started_args(folder / "run.log") if run_state(folder) == "done" else None
         changed = settings_changed(grid, run, started) if started is not None else []
         if changed:
-            found.append(f"{run['name']}: {', '.join(changed)}")
+            found.append((run["name"], f"{run['name']}: {', '.join(changed)}"))
     return found
 
 
 def refuse_finished_otherwise(grid, sweep_dir):
-    found = finished_otherwise(grid, sweep_dir)
+    found = [how for _, how in finished_otherwise(grid, sweep_dir)]
     if found:
         raise SystemExit(
             f"error: {len(found)} finished run{'s' if len(found) > 1 else ''} of the grid {grid['path']} ran with other "
@@ -601,13 +601,17 @@ def submit_slurm(grid, sweep_dir, options, indices):
 
 
 def status(grid, sweep_dir):
-    states = {}
+    """How many of the grid's runs are in each state (run_state), with their names; finished runs whose settings are
+    not the grid's (finished_otherwise) apart, with how they differ: local, slurm and report refuse them."""
+    otherwise = dict(finished_otherwise(grid, sweep_dir))
+    other = "done with other settings than the grid's (local, slurm and report refuse them)"
+    states = {state: [] for state in ("done", "running", "stopped", "new", other)}
     for run in grid["runs"]:
-        state = run_state(sweep_dir / run["name"])
-        states.setdefault(state, []).append(run["name"])
-    for state in ("done", "running", "stopped", "new"):
-        print(f"{state}: {len(states.get(state, []))}" + "".join(f"\n  {name}" for name in states.get(state, [])[:50]))
-    return states
+        name = run["name"]
+        states[other if name in otherwise else run_state(sweep_dir / name)].append(otherwise.get(name, name))
+    for state, names in states.items():
+        if names or state != other:
+            print(f"{state}: {len(names)}" + "".join(f"\n  {name}" for name in names[:50]))
 
 
 # --- the report -------------------------------------------------------------------------------------------------------

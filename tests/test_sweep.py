@@ -365,6 +365,11 @@ def test_a_finished_run_whose_settings_the_grid_changed_is_refused_not_reported_
         assert f"delete their folders in {out}" in result.stderr
     assert {name: (out / name / "run.log").read_text() for name in logs} == logs  # nothing ran
     assert (out / "table.md").read_text() == table and not (out / "slurm_array.sh").exists()
+    status = sweep("status", grid, "--out", out)  # shows them apart from the grid's finished runs
+    assert status.returncode == 0 and "done: 0\n" in status.stdout, status.stdout
+    assert "done with other settings than the grid's (local, slurm and report refuse them): 2\n" in status.stdout
+    for name in logs:
+        assert f"\n  {name}: --total-timesteps 1536 (the grid: 3072)" in status.stdout
 
 
 def test_a_finished_true_reward_run_is_the_grids_whatever_the_flags_only_labelled_runs_read(tmp_path):
