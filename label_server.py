@@ -1365,7 +1365,7 @@ async function next() {
     if (response.status === 204) {
       const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()), {headers: KEY})).json();
       status({...stats, waiting: 0});
-      show("Nothing to label right now: every pair has been answered. New pairs appear here as the trainer sends them.");
+      show("Nothing to label right now: every pair is answered or with another rater. New pairs appear here as the trainer sends them.");
       retry = setTimeout(next, 3000); return;
     }
     const body = await response.json();

@@ -139,7 +139,8 @@ class Args:
     update the current rollout's rewards keep the mean they had before it"""
     reward_normalization: Literal["policy", "judged"] = "policy"
     """over which steps the learned reward gets zero mean and --reward-std (C17 2.2.1 does not say): the rewards A2C
-    received in the latest --reward-norm-window iterations (as mrahtz's reproduction), or the steps of the latest
+    received in the latest --reward-norm-window iterations (mrahtz's reproduction: the agent's steps of the whole
+    run), or the steps of the latest
     --reward-eval-labels labelled clips
     (with --pin-reward-level only its scale: the level stays the rollouts')"""
     reward_norm_window: int = 100
@@ -400,7 +401,9 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --reward-dropout must be in [0, 1)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    # each queried pair needs two segments of its own from one round's steps
+    # a round's pairs draw their left and their right segments each without repeats while its steps hold twice as many
+    # segments as pairs (game ends, which no segment crosses, leave fewer: then they repeat); the two sides are drawn
+    # apart, so now and then a pair shows one segment twice
     per_round = label_schedule(args)
     capacity = args.num_envs * (args.round_steps - args.segment_len + 1) // 2
     if per_round.max() > capacity:
@@ -1314,7 +1317,7 @@ class HumanTeacher:
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
         self.save()
-        print(f"{self.pending} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
+        print(f"{self.unanswered} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
         if run_finished:
             self._close_experiment()
 

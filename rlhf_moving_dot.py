@@ -385,15 +385,19 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    # each queried pair needs two segments of its own from one rollout (offline pairs may repeat: they are random)
-    most_in_one_rollout = label_schedule(args).max()
+    # a rollout's pairs draw their left and their right segments each without repeats (sample_segments) while it holds
+    # twice as many segments as pairs (offline pairs may repeat: they are random). The two sides are drawn apart, so
+    # now and then a pair shows one segment twice
+    per_iteration = label_schedule(args)
     capacity = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, args.episode_steps) // 2
     within = f" (episodes of {args.episode_steps} steps)"
-    if not args.offline and most_in_one_rollout > capacity:
+    if not args.offline and per_iteration.max() > capacity:
+        peak_in_pretraining = per_iteration.argmax() < args.pretrain_iterations
+        where, longer = ("a pretraining", "--pretrain-steps") if peak_in_pretraining else ("an RL", "--total-timesteps")
         raise SystemExit(
             f"error: --labels {args.labels} is too large for this run: a rollout can hold as few as {capacity} pairs of "
-            f"{args.segment_len}-step segments{within}, and the schedule asks for {most_in_one_rollout} in one rollout. "
-            "Use fewer labels, a shorter --segment-len, more --total-timesteps/--pretrain-steps, or a longer rollout."
+            f"{args.segment_len}-step segments{within}, and the schedule asks for {per_iteration.max()} in {where} "
+            f"rollout. Use fewer labels, a shorter --segment-len, more {longer}, or a longer rollout."
         )
 
 
@@ -1209,10 +1213,8 @@ def no_pretraining_label_error(args: Args, run_dir: str) -> str:
     """The message of a run whose pretraining pairs all went unanswered: RL would start without a reward to learn."""
     if args.feedback == "human":
         why = "people answered 'can't tell' to every pair"
-        fix = (
-            f"--resume {run_dir} asks for them again; a clearer --instruction or a longer --segment-len in a new run "
-            "may make the clips easier to compare"
-        )
+        again = f"--resume {run_dir} asks for them again" if args.save_model else "a new run asks again (no --save-model)"
+        fix = f"{again}; a clearer --instruction or a longer --segment-len in a new run may make the clips easier to compare"
     else:
         why = f"the synthetic teacher skipped every pair (both returns below --teacher-skip-threshold {args.teacher_skip_threshold})"
         fix = "start a new run with a lower --teacher-skip-threshold"
@@ -1410,7 +1412,7 @@ class HumanTeacher:
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
-        print(f"{self.pending} unanswered pairs saved to {self.path} (asked again on --resume)")
+        print(f"{self.unanswered} unanswered pairs saved to {self.path} (asked again on --resume)")
         if run_finished:
             self._close_experiment()
 
@@ -1790,6 +1792,8 @@ if __name__ == "__main__":
     completed = start_iteration - 1
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     run_error = None  # why the run cannot go on, raised once everything is saved
+    checkpoint_kept = False  # Infrastructure: a stop before the reward model is pretrained keeps the checkpoint from
+    # before the last pretraining rollout (written as that rollout begins): --resume acts it again, as it was
 
     def checkpoint_now():  # Infrastructure
         episodes = (predicted_return, recent_returns, recent_predicted)
@@ -1798,6 +1802,8 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
+        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure: see checkpoint_kept
+            checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
@@ -1838,12 +1844,13 @@ if __name__ == "__main__":
             reward_training.finish_round()  # the round the thread ran during the last iteration: its weights score pairs
             query_labels(rng, ensemble, teacher, buffer, database, rollout, int(schedule[:iteration].sum()), selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
-                if not teacher.wait_for_answers(stop_requested):
-                    break  # people label asynchronously, but RL cannot start without these: done again on --resume
+                if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
+                    checkpoint_kept = True
+                    break
                 store_answers(teacher, buffer, database)
                 if buffer.size == 0:
-                    run_error = no_pretraining_label_error(args, run_dir)
-                    break  # the labels (and, with --save-model, the checkpoint) are saved below
+                    run_error, checkpoint_kept = no_pretraining_label_error(args, run_dir), True
+                    break  # the labels are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)
                 predicted_return[:] = np.where(truncations[-1], 0.0, np.nan)
@@ -1992,7 +1999,9 @@ if __name__ == "__main__":
         reward_training.close()
     if database is not None:
         database.close()
-    if args.save_model:
+    if args.save_model and checkpoint_kept:
+        print(f"checkpoint of step {completed * args.batch_size} kept (before the last pretraining rollout) in {run_dir}")
+    elif args.save_model:
         checkpoint_now()
         print(f"checkpoint saved to {run_dir}/checkpoint.pt")
     envs.close()

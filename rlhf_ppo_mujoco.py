@@ -353,15 +353,19 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --reward-dropout must be in [0, 1)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    # each queried pair needs two segments of its own from one rollout, and a segment never crosses an episode's end
+    # a rollout's pairs draw their left and their right segments each without repeats (sample_segments) while it holds
+    # twice as many segments as pairs; a segment never crosses an episode's time limit. The two sides are drawn apart,
+    # so now and then a pair shows one segment twice
     per_iteration = label_schedule(args)
     capacity = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, episode_limit) // 2
     within = f" (episodes of at most {episode_limit} steps)" if episode_limit is not None else ""
     if per_iteration.max() > capacity:
+        peak_in_pretraining = per_iteration.argmax() < args.pretrain_iterations
+        where, longer = ("a pretraining", "--pretrain-steps") if peak_in_pretraining else ("an RL", "--total-timesteps")
         raise SystemExit(
             f"error: --labels {args.labels} is too large for this run: a rollout can hold as few as {capacity} pairs of "
-            f"{args.segment_len}-step segments{within}, and the schedule asks for {per_iteration.max()} in one rollout. "
-            "Use fewer labels, a shorter --segment-len, more --total-timesteps/--pretrain-steps, or a longer rollout."
+            f"{args.segment_len}-step segments{within}, and the schedule asks for {per_iteration.max()} in {where} "
+            f"rollout. Use fewer labels, a shorter --segment-len, more {longer}, or a longer rollout."
         )
 
 
@@ -1132,7 +1136,17 @@ def pretrain_reward_model(reward_training, buffer, args, rng):
     )
 
 
-NO_LABEL_HINT = "RL needs a reward model to start: lower --teacher-skip-threshold, or answer some pairs (--resume asks again)"
+def no_pretraining_label_error(args: Args, run_dir: str) -> str:
+    """The message of a run whose pretraining pairs all went unanswered: RL would start without a reward to learn."""
+    if args.feedback == "human":
+        why = "people answered 'can't tell' to every pair"
+        again = f"--resume {run_dir} asks for them again" if args.save_model else "a new run asks again (no --save-model)"
+        fix = f"{again}; a clearer --instruction or a longer --segment-len in a new run may make the clips easier to compare"
+    else:
+        threshold = args.teacher_skip_threshold
+        why = f"the {args.feedback} teacher skipped every pair (both returns below --teacher-skip-threshold {threshold})"
+        fix = "start a new run with a lower --teacher-skip-threshold"
+    return f"error: pretraining ended with no preference label, so there is no reward to learn: {why}. {fix}"
 
 
 # PPO change (README "Changes to PPO"): CleanRL's reward scaling (gym's NormalizeReward), applied to whichever reward
@@ -1855,6 +1869,8 @@ if __name__ == "__main__":
     completed, completed_step = start_iteration - 1, global_step
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     error = None
+    checkpoint_kept = False  # Infrastructure: a stop before the reward model is pretrained keeps the checkpoint from
+    # before the last pretraining rollout (written as that rollout begins): --resume acts it again, as it was
 
     def checkpoint_now():  # Infrastructure
         recent = (recent_returns, recent_predicted)
@@ -1864,6 +1880,8 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
+        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure: see checkpoint_kept
+            checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
@@ -1915,10 +1933,11 @@ if __name__ == "__main__":
             query_labels(rng, ensemble, teacher, buffer, join_rollouts(pair_pool), labels_due, selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
+                    checkpoint_kept = True
                     break
                 store_answers(teacher, buffer)
                 if buffer.size == 0:  # the teacher skipped every pair, or people answered all "can't tell"
-                    error = f"error: no pretraining label from {pretrain_labels} pairs of the initial policy. {NO_LABEL_HINT}"
+                    error, checkpoint_kept = no_pretraining_label_error(args, run_dir), True
                     break
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)
@@ -2083,7 +2102,9 @@ if __name__ == "__main__":
         print(f"{buffer.size} labels saved to {labels_path}")
         teacher.close(run_finished=completed == args.num_iterations)
         reward_training.close()
-    if args.save_model:
+    if args.save_model and checkpoint_kept:
+        print(f"checkpoint of step {completed_step} kept (before the last pretraining rollout) in {checkpoint_path}")
+    elif args.save_model:
         checkpoint_now()
         print(f"checkpoint saved to {checkpoint_path}")
     envs.close()

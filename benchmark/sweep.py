@@ -29,11 +29,11 @@ with, so a stopped run whose arguments the grid has changed since (steps, flags)
 at the old ones. A finished run that ran with other settings than the grid gives it now (a grid edited after it
 finished, or another grid's runs in the same --out) stops `local`, `slurm` and `report` with a message naming it and
 what differs, rather than count as done and be reported as the grid's; a true-reward run is compared without the flags
-it never reads (TRUE_REWARD_RUNS_IGNORE). A grid with a key not shown above, a key twice in one object, a seed or
-feedback listed twice, or flags that set what the grid sets for each run (the env flag, --seed, --total-timesteps,
---feedback, --labels: the script would take the last value; --no-save-model) is refused. Before any run starts, `local`
-and `slurm` read each run's command line with its script's own checks (tyro, validate_args): a misspelt env id or flag
-stops the sweep with one message.
+it never reads (TRUE_REWARD_RUNS_IGNORE: the MuJoCo and moving-dot scripts'; an Atari run on every flag). A grid with a
+key not shown above, a key twice in one object, a seed or feedback listed twice, or flags that set what the grid sets
+for each run (the env flag, --seed, --total-timesteps, --feedback, --labels: the script would take the last value;
+--no-save-model) is refused. Before any run starts, `local` and `slurm` read each run's command line with its script's
+own checks (tyro, validate_args): a misspelt env id or flag stops the sweep with one message.
 
     python benchmark/sweep.py local GRID [--workers N]          # N at once (default: one per core), then the report
                                                                 # (stopped by Ctrl-C or SIGTERM: exit 130 or 143)

@@ -471,6 +471,39 @@ def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_ser
     return run_dir, checkpoint, log
 
 
+def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, label_server, episode_steps, envs, script):
+    """A human-feedback run stopped while it waits for its pretraining labels (its last pretraining rollout acted, that
+    rollout's pairs asked) resumes from the iteration before that rollout, with the environments as they were then. Its
+    checkpoint held the environments a rollout further on: the resumed run acted that rollout again from there, and
+    those steps were never counted. Every environment's episodes last `episode_steps` steps (a time limit, no other
+    end), so they end at the run's steps that are multiples of episode_steps x `envs`, the resumed run's too."""
+    server = label_server()
+    trainer, output, reader = start_trainer(cwd, f"{args} --label-server {server.url} --save-model", script)
+    try:
+        deadline = time.time() + 300
+        while not any(line.startswith("waiting for ") for line in output):  # no rater yet: the run waits
+            assert time.time() < deadline and trainer.poll() is None, "".join(output)
+            time.sleep(0.2)
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=120) == 0, "".join(output)
+    finally:
+        trainer.kill()
+    reader.join(timeout=30)
+    assert any(line.startswith("interrupted at step") for line in output), "".join(output)
+    run_dir = only_run_dir(cwd)
+    with rating_by_script(server):
+        resumed = run_script(cwd, f"--resume {run_dir}", script=script)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    ends = scalars(run_dir)["charts/episodic_length"]
+    assert ends and {length for _, length in ends} == {episode_steps}, ends
+    assert max(step for step, _ in ends) > checkpoint_step(resumed.stdout)  # the resumed run's episodes among them
+    assert all(step % (episode_steps * envs) == 0 for step, _ in ends), ends
+
+
+def checkpoint_step(stdout):
+    return int(re.search(r"^resumed \S+ at step (\d+)", stdout, re.M)[1])
+
+
 def assert_a_run_folder_given_as_a_dot_keeps_its_name(tmp_path, monkeypatch, new_teacher):
     """`--resume .` from inside a run folder: the experiment is the folder's name, as from outside it, not "." (which
     the label server's ids cannot start with). `new_teacher(run_dir)` makes the script's HumanTeacher for `run_dir` the

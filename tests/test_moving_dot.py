@@ -24,6 +24,7 @@ from helpers import (
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_resumed_run_keeps_its_videos,
+    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
@@ -544,6 +545,12 @@ def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, 
     assert len(np.load(run_dir / "labels.npz")["mu"]) >= 15  # the pretraining labels, and any since
 
 
+@pytest.mark.slow
+def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server):
+    args = f"{TINY} --feedback human --pretrain-fraction 0.5"  # 100-step episodes in 4 environments
+    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 100, 4, SCRIPT)
+
+
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):
     assert_sigterm_stops_like_ctrl_c(tmp_path, TINY.replace("--total-timesteps 1536", "--total-timesteps 51200"), SCRIPT)
 
@@ -841,6 +848,8 @@ BAD_SETTINGS = [
     ("--labels 100000 --total-timesteps 20000", "--labels 100000 is too large for this run"),
     # a segment never crosses an episode's end: with 10-step episodes, one start per episode (11-12 a rollout per env)
     ("--labels 3000 --episode-steps 10", "a rollout can hold as few as 44 pairs of 10-step segments (episodes of 10 steps)"),
+    ("--labels 3000 --episode-steps 10", "in a pretraining rollout. Use fewer labels, a shorter --segment-len, more --pretr"),
+    ("--labels 10000 --pretrain-fraction 0.01 --episode-steps 10", "in an RL rollout. Use fewer labels, a shorter --segm"),
     # a rollout that begins inside an episode holds fewer than the first (here 31 starts, not 79): was a crash mid-run
     ("--num-steps 128 --episode-steps 150 --segment-len 100 --num-envs 2 --labels 20 --total-timesteps 20480", "as few as 0"),
     ("--total-timesteps 8192", "leaves no RL after 8 pretraining rollouts"),

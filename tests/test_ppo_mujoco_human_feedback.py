@@ -10,6 +10,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
+    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
@@ -77,6 +78,13 @@ def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, 
     args = HUMAN.replace("--total-timesteps 3072", "--total-timesteps 1000000")
     run_dir, checkpoint, _ = assert_a_run_the_label_server_refuses_saves_and_says_so(tmp_path, args, label_server, "step ")
     assert len(np.load(run_dir / "labels.npz")["mu"]) >= 10  # the pretraining labels, and any since
+
+
+@pytest.mark.slow
+def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server):
+    # HalfCheetah never falls: with 40-step episodes, every environment's episodes end at the same steps
+    args = HUMAN.replace("--env Hopper-v4", '--env HalfCheetah-v4 --env-kwargs {"max_episode_steps":40}')
+    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 40, 8, rl.__file__)
 
 
 def hopper_segments(rng, n):

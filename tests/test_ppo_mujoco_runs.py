@@ -297,7 +297,8 @@ def test_a_budget_of_one_or_two_labels_still_pretrains_on_one(tmp_path):
 @pytest.mark.slow
 def test_a_teacher_that_answers_no_pretraining_pair_stops_the_run_with_a_message(tmp_path):
     result = run_script(tmp_path, TINY + " --teacher-skip-threshold 1e9")
-    assert_clear_error(result, "no pretraining label")
+    assert_clear_error(result, "error: pretraining ended with no preference label")
+    assert "the synthetic teacher skipped every pair" in result.stderr and "a lower --teacher-skip-threshold" in result.stderr
     assert (only_run_dir(tmp_path) / "labels.npz").exists()
 
 
@@ -311,6 +312,10 @@ BAD_SETTINGS = [
     # rollout were drawn from 39-40 segments, reused
     ("--env Reacher-v5 --segment-len 60", "--segment-len 60 is longer than an episode of Reacher-v5 (50 steps)"),
     ("--env Reacher-v5", "a rollout can hold as few as 19 pairs of 50-step segments (episodes of at most 50 steps)"),
+    # which run length to change: the pretraining rollouts' (more steps never helped those), or RL's
+    ("--env Reacher-v5", "asks for 70 in a pretraining rollout. Use fewer labels, a shorter --segment-len, more --pre"),
+    ("--labels 20000 --pretrain-fraction 0.01 --total-timesteps 40960", "in an RL rollout. Use fewer labels, a shorter --s"),
+    ("--labels 20000 --pretrain-fraction 0.01 --total-timesteps 40960", "segment-len, more --total-timesteps, or a longer"),
     # and a rollout that begins inside an episode holds fewer than the first: here none, and a crash at the second
     ("--env Reacher-v5 --num-steps 64 --num-envs 8 --segment-len 50 --labels 20", "can hold as few as 0 pairs"),
     ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
