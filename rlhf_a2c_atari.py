@@ -340,8 +340,11 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --reward-lr and --learning-rate must be positive finite numbers")
     if not (0 <= args.gamma <= 1 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma must be in [0, 1] and --max-grad-norm positive")
-    # settings that only one kind of teacher reads: given to another, they would be silently ignored
+    # settings that only one kind of teacher reads: given to another, they would be silently ignored (a resumed run's
+    # are its own, which it cannot change, but for where its label server is now)
     changed = [name for name, value in vars(args).items() if value != getattr(Args, name)]
+    if args.resume:
+        changed = [name for name in changed if name in ("label_server", "label_token")]
     human_flags = [
         name for name in changed if name in ("label_server", "label_token", "instruction", "clip_scale", "clip_fps")
     ]
@@ -407,10 +410,12 @@ def validate_args(args: Args, run_dir=None) -> None:
     per_round = label_schedule(args)
     capacity = args.num_envs * (args.round_steps - args.segment_len + 1) // 2
     if per_round.max() > capacity:
+        peak_in_pretraining = per_round.argmax() < args.pretrain_iterations // args.iterations_per_round
+        where, longer = ("a pretraining", "--pretrain-steps") if peak_in_pretraining else ("an RL", "--total-timesteps")
         raise SystemExit(
             f"error: --labels {args.labels} is too large for this run: one label round holds at most {capacity} pairs of "
-            f"{args.segment_len}-step segments, and the schedule asks for {per_round.max()} in one round. "
-            "Use fewer labels, more --total-timesteps/--pretrain-steps, or a longer --round-steps."
+            f"{args.segment_len}-step segments, and the schedule asks for {per_round.max()} in {where} round. "
+            f"Use fewer labels, more {longer}, or a longer --round-steps."
         )
 
 
@@ -1317,7 +1322,7 @@ class HumanTeacher:
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
         self.save()
-        print(f"{self.unanswered} unanswered pairs saved to {self.pending_path} (asked again on --resume)")
+        print(f"{self.pending} pairs not yet in the label buffer saved to {self.pending_path} (asked again on --resume)")
         if run_finished:
             self._close_experiment()
 

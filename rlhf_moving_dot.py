@@ -338,8 +338,11 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
-    # settings that only one kind of teacher reads: given to another, they would be silently ignored
+    # settings that only one kind of teacher reads: given to another, they would be silently ignored (a resumed run's
+    # are its own, which it cannot change, but for where its label server is now)
     changed = [name for name, value in vars(args).items() if value != getattr(Args, name)]
+    if args.resume:
+        changed = [name for name in changed if name in ("label_server", "label_token")]
     human_flags = [name for name in changed if name in ("label_server", "label_token", "instruction", "clip_fps")]
     if args.feedback != "human" and human_flags:
         raise SystemExit(f"error: {flag_list(human_flags)} for --feedback human")
@@ -1412,7 +1415,7 @@ class HumanTeacher:
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
-        print(f"{self.unanswered} unanswered pairs saved to {self.path} (asked again on --resume)")
+        print(f"{self.pending} pairs not yet in the label buffer saved to {self.path} (asked again on --resume)")
         if run_finished:
             self._close_experiment()
 
@@ -1792,8 +1795,8 @@ if __name__ == "__main__":
     completed = start_iteration - 1
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     run_error = None  # why the run cannot go on, raised once everything is saved
-    checkpoint_kept = False  # Infrastructure: a stop before the reward model is pretrained keeps the checkpoint from
-    # before the last pretraining rollout (written as that rollout begins): --resume acts it again, as it was
+    checkpoint_kept = False  # Infrastructure: a human-feedback run stopped before its reward model is pretrained keeps
+    # the checkpoint from before its last pretraining rollout (written as that rollout begins): --resume acts it again
 
     def checkpoint_now():  # Infrastructure
         episodes = (predicted_return, recent_returns, recent_predicted)
@@ -1802,7 +1805,8 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
-        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure: see checkpoint_kept
+        if args.feedback == "human" and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
+            save_labels(buffer, teacher, labels_path)  # see checkpoint_kept
             checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
@@ -1849,8 +1853,9 @@ if __name__ == "__main__":
                     break
                 store_answers(teacher, buffer, database)
                 if buffer.size == 0:
-                    run_error, checkpoint_kept = no_pretraining_label_error(args, run_dir), True
-                    break  # the labels are saved below
+                    run_error = no_pretraining_label_error(args, run_dir)
+                    checkpoint_kept = args.feedback == "human"  # Infrastructure: as at a stop in the wait
+                    break  # the labels (and, with --save-model, the checkpoint) are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)
                 predicted_return[:] = np.where(truncations[-1], 0.0, np.nan)

@@ -304,8 +304,11 @@ def validate_args(args: Args, run_dir=None) -> None:
     # gamma 1: a fall's absorbing value, its reward / (1 - gamma), would be 0/0 (README "Episodes that end early")
     if not (0 <= args.gamma < 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive")
-    # settings that only one kind of teacher reads: given to another, they would be silently ignored
+    # settings that only one kind of teacher reads: given to another, they would be silently ignored (a resumed run's
+    # are its own, which it cannot change, but for where its label server is now)
     changed = [name for name, value in vars(args).items() if value != getattr(Args, name)]
+    if args.resume:
+        changed = [name for name in changed if name in ("label_server", "label_token")]
     human_flags = [name for name in changed if name in ("label_server", "label_token", "instruction", "clip_size", "clip_fps")]
     if args.feedback != "human" and human_flags:
         raise SystemExit(f"error: {flag_list(human_flags)} for --feedback human")
@@ -1869,8 +1872,8 @@ if __name__ == "__main__":
     completed, completed_step = start_iteration - 1, global_step
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     error = None
-    checkpoint_kept = False  # Infrastructure: a stop before the reward model is pretrained keeps the checkpoint from
-    # before the last pretraining rollout (written as that rollout begins): --resume acts it again, as it was
+    checkpoint_kept = False  # Infrastructure: a human-feedback run stopped before its reward model is pretrained keeps
+    # the checkpoint from before its last pretraining rollout (written as that rollout begins): --resume acts it again
 
     def checkpoint_now():  # Infrastructure
         recent = (recent_returns, recent_predicted)
@@ -1880,7 +1883,8 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
-        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure: see checkpoint_kept
+        if args.feedback == "human" and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
+            save_labels(buffer, teacher, labels_path)  # see checkpoint_kept
             checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.
@@ -1937,7 +1941,8 @@ if __name__ == "__main__":
                     break
                 store_answers(teacher, buffer)
                 if buffer.size == 0:  # the teacher skipped every pair, or people answered all "can't tell"
-                    error, checkpoint_kept = no_pretraining_label_error(args, run_dir), True
+                    error = no_pretraining_label_error(args, run_dir)
+                    checkpoint_kept = args.feedback == "human"  # Infrastructure: as at a stop in the wait
                     break
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)

@@ -471,12 +471,13 @@ def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_ser
     return run_dir, checkpoint, log
 
 
-def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, label_server, episode_steps, envs, script):
-    """A human-feedback run stopped while it waits for its pretraining labels (its last pretraining rollout acted, that
-    rollout's pairs asked) resumes from the iteration before that rollout, with the environments as they were then. Its
-    checkpoint held the environments a rollout further on: the resumed run acted that rollout again from there, and
-    those steps were never counted. Every environment's episodes last `episode_steps` steps (a time limit, no other
-    end), so they end at the run's steps that are multiples of episode_steps x `envs`, the resumed run's too."""
+def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, label_server, episode_steps, envs, script, sig):
+    """A human-feedback run stopped (SIGTERM) or killed (SIGKILL) while it waits for its pretraining labels (its last
+    pretraining rollout acted, that rollout's pairs asked) resumes from the iteration before that rollout, with the
+    environments as they were then. A stopped run's checkpoint held the environments a rollout further on: the resumed
+    run acted that rollout again from there, and those steps were never counted; a killed one had none, or one without
+    its labels. Every environment's episodes last `episode_steps` steps (a time limit, no other end), so they end at the
+    run's steps that are multiples of episode_steps x `envs`, the resumed run's too."""
     server = label_server()
     trainer, output, reader = start_trainer(cwd, f"{args} --label-server {server.url} --save-model", script)
     try:
@@ -484,12 +485,14 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
         while not any(line.startswith("waiting for ") for line in output):  # no rater yet: the run waits
             assert time.time() < deadline and trainer.poll() is None, "".join(output)
             time.sleep(0.2)
-        trainer.send_signal(signal.SIGTERM)
-        assert trainer.wait(timeout=120) == 0, "".join(output)
+        trainer.send_signal(sig)
+        assert trainer.wait(timeout=120) == (0 if sig == signal.SIGTERM else -sig), "".join(output)
     finally:
         trainer.kill()
     reader.join(timeout=30)
-    assert any(line.startswith("interrupted at step") for line in output), "".join(output)
+    if sig == signal.SIGTERM:
+        assert any(line.startswith("interrupted at step") for line in output), "".join(output)
+        assert any(line.startswith("checkpoint of step ") and " kept " in line for line in output), "".join(output)
     run_dir = only_run_dir(cwd)
     with rating_by_script(server):
         resumed = run_script(cwd, f"--resume {run_dir}", script=script)

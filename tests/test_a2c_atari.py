@@ -871,6 +871,8 @@ def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_
         ({"round_steps": 402}, "--round-steps 402 must be a positive multiple of --num-steps 5"),
         ({"segment_len": 500}, "--segment-len 500 must be between 2 and --round-steps 400"),
         ({"labels": 100000, "total_timesteps": 200000}, "--labels 100000 is too large for this run"),
+        ({"labels": 100000, "total_timesteps": 200000}, "in an RL round. Use fewer labels, more --total-timesteps, or"),
+        ({"labels": 20000, "pretrain_labels": 20000}, "in a pretraining round. Use fewer labels, more --pretrain-steps,"),
         ({"total_timesteps": 20000}, "leaves no RL after 25600 pretraining steps"),
         ({"total_timesteps": 25760}, "reaches no label round after the 25600 pretraining steps"),
         ({"reward_dropout": 1.0}, "--reward-dropout must be in [0, 1)"),

@@ -546,9 +546,10 @@ def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server, sig):
     args = f"{TINY} --feedback human --pretrain-fraction 0.5"  # 100-step episodes in 4 environments
-    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 100, 4, SCRIPT)
+    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 100, 4, SCRIPT, sig)
 
 
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_writes_the_checkpoint(tmp_path):

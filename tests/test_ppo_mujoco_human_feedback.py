@@ -2,6 +2,7 @@
 of a scripted rater who answers through the HTTP API by the true reward; a server that is down at the start is waited
 for; pairs still unanswered when a run stops are saved and asked again on resume."""
 
+import signal
 import time
 
 import numpy as np
@@ -81,10 +82,11 @@ def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server, sig):
     # HalfCheetah never falls: with 40-step episodes, every environment's episodes end at the same steps
     args = HUMAN.replace("--env Hopper-v4", '--env HalfCheetah-v4 --env-kwargs {"max_episode_steps":40}')
-    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 40, 8, rl.__file__)
+    assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 40, 8, rl.__file__, sig)
 
 
 def hopper_segments(rng, n):

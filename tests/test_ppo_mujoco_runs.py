@@ -396,6 +396,25 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_resumed_run_is_not_refused_its_own_settings_that_a_new_run_would_be():
+    """A run started before a combination was refused (a human-feedback run with --teacher-beta, a synthetic one with
+    --clip-fps) resumes with its own settings, which it cannot change: refusing them would leave it no way on. Where
+    its label server is, the one thing a resume can change, is still checked."""
+
+    def validated(**settings):
+        args = rl.Args(**settings)
+        rl.fill_runtime_fields(args)
+        rl.validate_args(args)
+
+    for saved in ({"feedback": "human", "teacher_beta": 1.0}, {"clip_fps": 10, "instruction": "Which?"}):
+        validated(resume="runs/old", **saved)
+        with pytest.raises(SystemExit, match="are for|is for"):  # the same settings in a new run
+            validated(**saved)
+    with pytest.raises(SystemExit, match=re.escape("error: --label-token is for --feedback human")):
+        validated(resume="runs/old", label_token="s3cret")
+
+
 def test_settings_refused_at_the_start_leave_no_run_folder(tmp_path):
     # README: bad arguments stop the script before anything is created. These two were refused only once the run
     # folder and its TensorBoard file existed: a negative --video-seconds, and a run name too long for the label
