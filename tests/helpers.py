@@ -60,7 +60,25 @@ def assert_sigterm_stops_like_ctrl_c(cwd, args, script=SCRIPT):
     assert "interrupted at step" in out, err
     stopped_at = int(out.split("interrupted at step ")[1].split()[0])
     checkpoint = torch.load(only_run_dir(cwd) / "checkpoint.pt", weights_only=False)
-    assert 0 < checkpoint["global_step"] <= stopped_at
+    assert checkpoint["global_step"] == stopped_at and "checkpoint saved to" in out  # not only the pretraining one
+
+
+def assert_a_resumed_run_is_not_refused_its_own_settings(module):
+    """A run started before a combination was refused (a human-feedback run with --teacher-beta, a synthetic one with
+    --clip-fps) resumes with its own settings, which it cannot change: refusing them would leave it no way on. Where
+    its label server is, the one thing a resume can change, is still checked."""
+
+    def validated(**settings):
+        args = module.Args(**settings)
+        module.fill_runtime_fields(args)
+        module.validate_args(args)
+
+    for saved in ({"feedback": "human", "teacher_beta": 1.0}, {"clip_fps": 10, "instruction": "Which?"}):
+        validated(resume="runs/old", **saved)
+        with pytest.raises(SystemExit, match="are for|is for"):  # the same settings in a new run
+            validated(**saved)
+    with pytest.raises(SystemExit, match=re.escape("error: --label-token is for --feedback human")):
+        validated(resume="runs/old", label_token="s3cret")
 
 
 def assert_a_kill_after_a_checkpoint_loses_no_label(cwd, args, line_prefix, script, module):
@@ -282,8 +300,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def scripted_rater(server, stop, answered):
-    """Answers every pair it is shown by the true returns the trainer posted in the pair's metadata."""
+def scripted_rater(server, stop, answered, always=None):
+    """Answers every pair it is shown by the true returns the trainer posted in the pair's metadata (or `always` the
+    same, e.g. "cant_tell")."""
     while not stop.is_set():
         status, pair = server.call("GET", "/api/pairs/next?rater=script")
         if status == 204:
@@ -291,17 +310,17 @@ def scripted_rater(server, stop, answered):
             continue
         meta = server.call("GET", f"/api/pairs/{pair['pair_id']}")[1]["metadata"]
         left, right = meta["left_true_return"], meta["right_true_return"]
-        choice = "left" if left > right else "right" if right > left else "equal"
+        choice = always or ("left" if left > right else "right" if right > left else "equal")
         status, _ = server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": "script", "choice": choice})
         assert status == 201
         answered[pair["pair_id"]] = choice
 
 
 @contextlib.contextmanager
-def rating_by_script(server):
+def rating_by_script(server, always=None):
     """Run `scripted_rater` in a background thread while the block runs; yields its answers (pair id -> choice)."""
     stop, answered = threading.Event(), {}
-    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered), daemon=True)
+    rater = threading.Thread(target=scripted_rater, args=(server, stop, answered, always), daemon=True)
     rater.start()
     try:
         yield answered
@@ -466,8 +485,14 @@ def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_ser
     assert "checkpoint saved to" in log and "fix that, then --resume goes on" in log  # the end-of-run saving ran
     assert "Traceback" not in log
     run_dir = only_run_dir(cwd)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # written by the stop: none was due
-    assert checkpoint["global_step"] > 0
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # written by the stop, at its last iteration
+    last_step = int(re.findall(r"^step (\d+),", log, re.M)[-1])  # the last iteration's progress line
+    assert checkpoint["global_step"] >= last_step, (checkpoint["global_step"], last_step)
+    saved = int(re.search(r"^(\d+) labels saved (?:to|in) ", log, re.M)[1])
+    if (run_dir / "labels.npz").exists():  # the Atari script saves its labels as they arrive, in batches
+        assert len(np.load(run_dir / "labels.npz")["mu"]) == saved  # the stop saved them all
+    with np.load(run_dir / "pending_pairs.npz") as pending:  # and the pairs still waiting for answers
+        assert "pair_ids" in pending.files
     return run_dir, checkpoint, log
 
 

@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
@@ -855,6 +856,10 @@ def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_atari(tmp_path, args, timeout=120), message)
+
+
+def test_a_resumed_run_is_not_refused_its_own_settings_that_a_new_run_would_be():
+    assert_a_resumed_run_is_not_refused_its_own_settings(atari)
 
 
 def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):

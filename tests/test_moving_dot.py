@@ -18,6 +18,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
@@ -898,6 +899,10 @@ def test_validate_args_rejects_impossible_settings_with_a_message(args, message)
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_dot(tmp_path, args, timeout=120), message)
+
+
+def test_a_resumed_run_is_not_refused_its_own_settings_that_a_new_run_would_be():
+    assert_a_resumed_run_is_not_refused_its_own_settings(dot)
 
 
 def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
+    assert_clear_error,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
@@ -21,6 +22,7 @@ from helpers import (
     free_port,
     only_run_dir,
     rating_by_script,
+    run_script,
     start_trainer,
 )
 
@@ -87,6 +89,23 @@ def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, labe
     # HalfCheetah never falls: with 40-step episodes, every environment's episodes end at the same steps
     args = HUMAN.replace("--env Hopper-v4", '--env HalfCheetah-v4 --env-kwargs {"max_episode_steps":40}')
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 40, 8, rl.__file__, sig)
+
+
+@pytest.mark.slow
+def test_a_human_run_whose_pretraining_pairs_all_get_cant_tell_stops_and_can_resume(tmp_path, label_server):
+    """No label from the initial policy: RL cannot start. The run stops with what happened and what to do, and keeps
+    its checkpoint from before the last pretraining rollout (one step count, one set of environments), to ask again."""
+    server = label_server()
+    with rating_by_script(server, always="cant_tell") as answered:
+        result = run_script(tmp_path, f"{HUMAN} --label-server {server.url}", script=rl.__file__)
+    assert_clear_error(result, "error: pretraining ended with no preference label")
+    run_dir = only_run_dir(tmp_path)
+    assert (
+        "people answered 'can't tell' to every pair" in result.stderr and f"--resume runs/{run_dir.name} asks" in result.stderr
+    )
+    assert len(answered) >= 10 and set(answered.values()) == {"cant_tell"}
+    assert "checkpoint of step 512 kept" in result.stdout  # 2 pretraining rollouts of 512 steps: before the second
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 512
 
 
 def hopper_segments(rng, n):

@@ -11,6 +11,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 import tyro
 from helpers import (
+    assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_resumed_run_keeps_its_videos,
@@ -396,23 +397,9 @@ def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, messa
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # validate_args probes Hopper-v4 (gymnasium prefers v5)
 def test_a_resumed_run_is_not_refused_its_own_settings_that_a_new_run_would_be():
-    """A run started before a combination was refused (a human-feedback run with --teacher-beta, a synthetic one with
-    --clip-fps) resumes with its own settings, which it cannot change: refusing them would leave it no way on. Where
-    its label server is, the one thing a resume can change, is still checked."""
-
-    def validated(**settings):
-        args = rl.Args(**settings)
-        rl.fill_runtime_fields(args)
-        rl.validate_args(args)
-
-    for saved in ({"feedback": "human", "teacher_beta": 1.0}, {"clip_fps": 10, "instruction": "Which?"}):
-        validated(resume="runs/old", **saved)
-        with pytest.raises(SystemExit, match="are for|is for"):  # the same settings in a new run
-            validated(**saved)
-    with pytest.raises(SystemExit, match=re.escape("error: --label-token is for --feedback human")):
-        validated(resume="runs/old", label_token="s3cret")
+    assert_a_resumed_run_is_not_refused_its_own_settings(rl)
 
 
 def test_settings_refused_at_the_start_leave_no_run_folder(tmp_path):
@@ -484,7 +471,8 @@ def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_no
 def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
     # filmed, stopped; resumed without --capture-video (this script takes the video flags from the resuming command),
     # stopped; resumed filming again: the third part's videos follow the first part's instead of replacing them
-    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 8192") + " --feedback true-reward --save-model"
+    # (16384 steps: environment 0, the one filmed, reaches episode 27 in the third part)
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 16384") + " --feedback true-reward --save-model"
     out, err = interrupt_run(tmp_path, args + " --capture-video", "step ", sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
@@ -497,6 +485,9 @@ def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     after = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
     assert {name: after[name] for name in filmed} == filmed  # (the code before restarted at episode 0 here)
+    number = lambda name: int(re.fullmatch(r"episode-(\d+)\.mp4", name)[1])  # noqa: E731
+    new = set(after) - set(filmed)
+    assert new and min(map(number, new)) > max(map(number, filmed)), sorted(after)  # filmed again, numbered on
 
 
 def test_a_checkpoint_from_before_reward_input_norm_resumes_with_raw_reward_inputs(tmp_path):

@@ -246,7 +246,7 @@ def test_a_gradient_step_trains_with_dropout_and_leaves_the_model_predicting_wit
     assert torch.equal(stepped[0], stepped[1])  # the masks come from the ensemble's generator
     assert not torch.equal(stepped[0], stepped[2]) and not torch.equal(stepped[0], stepped[3])
     failing = rl.RewardEnsemble(3, 1, size=3, dropout=0.5)
-    with pytest.raises(TypeError):  # a step that fails (here: no label noise given) still leaves the model predicting
+    with pytest.raises(TypeError, match="NoneType"):  # a step that fails (here: no label noise) still leaves it predicting
         rl.reward_gradient_step(failing, torch.optim.Adam(failing.parameters()), minibatch, torch.zeros(3), None)
     assert not failing.training
 
@@ -442,7 +442,7 @@ def test_training_in_the_main_thread_waits_for_the_round_under_way(rng):
 def test_closing_the_reward_training_raises_the_last_rounds_error_and_stops_the_thread(rng):
     training = rl.RewardModelTraining(rl.RewardEnsemble(3, 1, size=3), 1e-3)
     training.start_round(fill_buffer(rng, 20), rl.Args(reward_updates=1, label_noise=None), rng)  # fails in the thread
-    with pytest.raises(TypeError):  # the run's last round: its error reaches the run instead of vanishing with the thread
+    with pytest.raises(TypeError, match="NoneType"):  # the last round's error reaches the run, not lost with the thread
         training.close()
     with pytest.raises(RuntimeError, match="shutdown"):
         training.thread.submit(int)
@@ -640,7 +640,7 @@ def test_segments_of_a_pair_pool_come_from_all_its_rollouts_and_never_span_two(r
 def test_a_rollout_without_room_for_a_segment_is_refused(rng):
     rollout = make_rollout(rng, 10, 2)
     rollout["truncated"][::2] = True  # episodes of 2 steps: no 3-step segment fits
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="no valid segment in the rollout"):
         rl.sample_segments(rng, rollout, 3, 4)
 
 
