@@ -689,6 +689,11 @@ def select_pairs(rng, ensemble, history, segment_len, num_pairs, multiplier, sel
     num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
     left = segment_places(rng, history, segment_len, num_candidates)
     right = segment_places(rng, history, segment_len, num_candidates)
+    for _ in range(3):  # the sides are drawn apart: a pair that would show one clip twice gets another right side
+        same = np.flatnonzero((left[0] == right[0]) & (left[1] == right[1]))
+        if len(same) == 0:
+            break
+        right[0][same], right[1][same] = segment_places(rng, history, segment_len, len(same))
     keep = np.arange(num_pairs)
     if selection == "variance":  # scored a chunk at a time: only `chunk` candidate pairs' frames are copied at once
         scores = []

@@ -625,6 +625,16 @@ def noisy_history(rng):
     return history
 
 
+def test_no_pair_shows_one_segment_twice():
+    """As in rlhf_ppo_mujoco.py: a pair whose two sides are the same segment gets another right side (20 x 10 pairs of
+    a round with 32 starts)."""
+    history = atari.new_history(20, 2)
+    history["true_reward"][:] = 1 + 10 * np.arange(20)[:, None] + np.arange(2)  # each step's own code
+    for seed in range(20):
+        left, right = atari.select_pairs(np.random.default_rng(seed), None, history, 5, 10, 1, "random")
+        assert not (left["true_reward"] == right["true_reward"]).all(1).any(), seed
+
+
 def segment_pairs(rng, history):
     """`segments(n)` for the shared human-teacher helpers: n pairs of 5-step segments of `history`."""
     return lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2))

@@ -180,6 +180,15 @@ def coded_rollout(rng, steps=64, envs=3, truncate_at=()):
     }
 
 
+def test_no_pair_shows_one_segment_twice():
+    """As in rlhf_ppo_mujoco.py: a pair whose two sides are the same segment gets another right side (20 x 10 pairs of
+    a rollout with 30 starts)."""
+    rollout = coded_rollout(np.random.default_rng(0), steps=14, envs=3)  # 10 starts of 5-step segments per env
+    for seed in range(20):
+        left, right = dot.select_pairs(np.random.default_rng(seed), None, "position", rollout, 5, 10, 1, "random")
+        assert not (left["position"] == right["position"]).all((1, 2)).any(), seed
+
+
 def test_segments_are_consecutive_steps_of_one_episode():
     rng = np.random.default_rng(0)
     rollout = coded_rollout(rng, truncate_at=(20, 41))
