@@ -689,11 +689,6 @@ def select_pairs(rng, ensemble, history, segment_len, num_pairs, multiplier, sel
     num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
     left = segment_places(rng, history, segment_len, num_candidates)
     right = segment_places(rng, history, segment_len, num_candidates)
-    for _ in range(3):  # the sides are drawn apart: a pair that would show one clip twice gets another right side
-        same = np.flatnonzero((left[0] == right[0]) & (left[1] == right[1]))
-        if len(same) == 0:
-            break
-        right[0][same], right[1][same] = segment_places(rng, history, segment_len, len(same))
     keep = np.arange(num_pairs)
     if selection == "variance":  # scored a chunk at a time: only `chunk` candidate pairs' frames are copied at once
         scores = []
@@ -703,7 +698,13 @@ def select_pairs(rng, ensemble, history, segment_len, num_pairs, multiplier, sel
             right_part = gather_segments(history, (right[0][part], right[1][part]), segment_len)
             scores.append(disagreement(ensemble, left_part, right_part))
         keep = np.argsort(-np.concatenate(scores), kind="stable")[:num_pairs]
-    return (gather_segments(history, (side[0][keep], side[1][keep]), segment_len) for side in (left, right))
+    left, right = (left[0][keep], left[1][keep]), (right[0][keep], right[1][keep])
+    for _ in range(3):  # the sides are drawn apart: a pair that would show one clip twice gets another right side
+        same = np.flatnonzero((left[0] == right[0]) & (left[1] == right[1]))
+        if len(same) == 0:
+            break
+        right[0][same], right[1][same] = segment_places(rng, history, segment_len, len(same))
+    return gather_segments(history, left, segment_len), gather_segments(history, right, segment_len)
 
 
 @torch.no_grad()

@@ -716,20 +716,21 @@ def select_pairs(rng, ensemble, observation, rollout, segment_len, num_pairs, mu
     num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
     left = sample_segments(rng, rollout, segment_len, num_candidates)
     right = sample_segments(rng, rollout, segment_len, num_candidates)
+    if selection == "variance":
+        scores = disagreement(ensemble, observation, left, right)
+        chosen = np.argsort(-scores, kind="stable")[:num_pairs]
+    else:
+        chosen = np.arange(num_pairs)
+    left, right = index_segments(left, chosen), index_segments(right, chosen)
     for _ in range(3):  # the sides are drawn apart: a pair that would show one clip twice gets another right side
-        same_clip = [(left[k] == right[k]).reshape(num_candidates, -1).all(1) for k in ("position", "act")]
+        same_clip = [(left[k] == right[k]).reshape(num_pairs, -1).all(1) for k in ("position", "act")]
         same = np.flatnonzero(np.all(same_clip, 0))
         if len(same) == 0:
             break
         redrawn = sample_segments(rng, rollout, segment_len, len(same))
         for key in right:
             right[key][same] = redrawn[key]
-    if selection == "variance":
-        scores = disagreement(ensemble, observation, left, right)
-        chosen = np.argsort(-scores, kind="stable")[:num_pairs]
-    else:
-        chosen = np.arange(num_pairs)
-    return index_segments(left, chosen), index_segments(right, chosen)
+    return left, right
 
 
 @torch.no_grad()

@@ -720,19 +720,20 @@ def select_pairs(rng, ensemble, rollout, segment_len, num_pairs, multiplier, sel
     num_candidates = num_pairs * (multiplier if selection == "variance" else 1)
     left = sample_segments(rng, rollout, segment_len, num_candidates)
     right = sample_segments(rng, rollout, segment_len, num_candidates)
-    for _ in range(3):  # the sides are drawn apart: a pair that would show one clip twice gets another right side
-        same = np.flatnonzero(np.all([(left[k] == right[k]).reshape(num_candidates, -1).all(1) for k in ("obs", "act")], 0))
-        if len(same) == 0:
-            break
-        redrawn = sample_segments(rng, rollout, segment_len, len(same))
-        for key in right:
-            right[key][same] = redrawn[key]
     if selection == "variance":
         scores = disagreement(ensemble, left, right)
         keep = np.argsort(-scores, kind="stable")[:num_pairs]
     else:
         keep = np.arange(num_pairs)
-    return index_segments(left, keep), index_segments(right, keep)
+    left, right = index_segments(left, keep), index_segments(right, keep)
+    for _ in range(3):  # the sides are drawn apart: a pair that would show one clip twice gets another right side
+        same = np.flatnonzero(np.all([(left[k] == right[k]).reshape(num_pairs, -1).all(1) for k in ("obs", "act")], 0))
+        if len(same) == 0:
+            break
+        redrawn = sample_segments(rng, rollout, segment_len, len(same))
+        for key in right:
+            right[key][same] = redrawn[key]
+    return left, right
 
 
 @torch.no_grad()
