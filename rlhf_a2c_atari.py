@@ -405,8 +405,8 @@ def validate_args(args: Args, run_dir=None) -> None:
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # a round's pairs draw their left and their right segments each without repeats while its steps hold twice as many
-    # segments as pairs (game ends, which no segment crosses, leave fewer: then they repeat); the two sides are drawn
-    # apart, so now and then a pair shows one segment twice
+    # segments as pairs (game ends, which no segment crosses, leave fewer: then they repeat); select_pairs redraws the
+    # right side of a pair that would show one segment twice
     per_round = label_schedule(args)
     capacity = args.num_envs * (args.round_steps - args.segment_len + 1) // 2
     if per_round.max() > capacity:

@@ -357,8 +357,8 @@ def validate_args(args: Args, run_dir=None) -> None:
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # a rollout's pairs draw their left and their right segments each without repeats (sample_segments) while it holds
-    # twice as many segments as pairs; a segment never crosses an episode's time limit. The two sides are drawn apart,
-    # so now and then a pair shows one segment twice
+    # twice as many segments as pairs; a segment never crosses an episode's time limit (select_pairs then redraws the
+    # right side of a pair that would show one segment twice)
     per_iteration = label_schedule(args)
     capacity = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, episode_limit) // 2
     within = f" (episodes of at most {episode_limit} steps)" if episode_limit is not None else ""
@@ -1945,7 +1945,7 @@ if __name__ == "__main__":
             query_labels(rng, ensemble, teacher, buffer, join_rollouts(pair_pool), labels_due, selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
-                    checkpoint_kept = True
+                    checkpoint_kept = args.feedback == "human"  # Infrastructure
                     break
                 store_answers(teacher, buffer)
                 if buffer.size == 0:  # the teacher skipped every pair, or people answered all "can't tell"
