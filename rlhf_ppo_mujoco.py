@@ -1789,7 +1789,8 @@ if __name__ == "__main__":
     rlhf = args.feedback != "true-reward"
     env_kwargs = json.loads(args.env_kwargs)
     os.makedirs(run_dir, exist_ok=True)
-    writer = SummaryWriter(run_dir)
+    # Infrastructure: a resumed run hides what the stopped one logged after its checkpoint: it logs those steps again
+    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),

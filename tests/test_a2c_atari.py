@@ -854,6 +854,11 @@ def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(
     for name, state in ends[0]["random_states"].items():
         assert _same(ends[1]["random_states"][name], state), name
     assert ends[1]["reward_steps"] == ends[0]["reward_steps"] > 0
+    # and TensorBoard shows the steps the uninterrupted run logged, each once: those logged between the checkpoint and
+    # the kill were logged again by the resumed run
+    logged = [scalars(d) for d in (whole_dir, run_dir)]
+    for tag in ("losses/value_loss", "labels/total"):
+        assert [step for step, _ in logged[1][tag]] == [step for step, _ in logged[0][tag]], tag
 
 
 @pytest.mark.parametrize(
