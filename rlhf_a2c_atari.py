@@ -1531,12 +1531,21 @@ def save_checkpoint(
     os.replace(path + ".tmp", path)
 
 
-def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_training, policy_normalizer, device):
+def resume_iteration(checkpoint, args: Args) -> int:
+    """The iteration a resumed run starts at: the first of the label round the run stopped in (a round's steps are its
+    label pool; a true-reward run, which has no label rounds, the one after its last), or one past the last for a run
+    that finished. A checkpoint written mid-round redoes that round's start with the later state."""
+    if checkpoint["iteration"] >= args.num_iterations:  # finished: no round to redo (its last one may not be whole)
+        return args.num_iterations + 1
+    if args.feedback == "true-reward":  # no label round to redo
+        return checkpoint["iteration"] + 1
+    return checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
+
+
+def restore_checkpoint(checkpoint, agent, optimizer, rng, reward_training, policy_normalizer, device):
     """--resume: the networks, optimisers, the reward model's training and every random stream as the run saved them
-    (older checkpoints have no random streams: theirs restart from the seed). Returns the iteration to start at, the
-    first of the label round the run stopped in (a round's steps are its label pool; a true-reward run, which has no
-    label rounds, the one after its last), or one past the last for a run that finished. The games restart (the
-    emulators' state is not saved), and a checkpoint written mid-round redoes that round's start with the later state."""
+    (older checkpoints have no random streams: theirs restart from the seed). The games restart (the emulators' state
+    is not saved)."""
     agent.load_state_dict(checkpoint["agent"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     if reward_training is not None:
@@ -1550,11 +1559,6 @@ def restore_checkpoint(checkpoint, args: Args, agent, optimizer, rng, reward_tra
         torch.set_rng_state(random_states["torch"])
         if random_states["torch_cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(random_states["torch_cuda"])
-    if checkpoint["iteration"] >= args.num_iterations:  # finished: no round to redo (its last one may not be whole)
-        return args.num_iterations + 1
-    if reward_training is None:  # the true reward: no label round to redo
-        return checkpoint["iteration"] + 1
-    return checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
 
 
 if __name__ == "__main__":
@@ -1577,8 +1581,10 @@ if __name__ == "__main__":
     validate_args(args, run_dir)
     rlhf = args.feedback != "true-reward"
     os.makedirs(run_dir, exist_ok=True)
-    # Infrastructure: a resumed run hides what the stopped one logged after its checkpoint: it logs those steps again
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    start_iteration = resume_iteration(checkpoint, args) if checkpoint else 1  # Infrastructure: --resume
+    # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
+    # resumed run's mark on (the resumed run logs those steps again). It ignores the first mark it reads: a new run's
+    writer = SummaryWriter(run_dir, purge_step=(start_iteration - 1) * args.batch_size + 1)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
@@ -1614,13 +1620,10 @@ if __name__ == "__main__":
         teacher = make_teacher(args, run_dir, rng)
         schedule = label_schedule(args)
 
-    start_iteration, global_step = 1, 0
+    global_step = (start_iteration - 1) * args.batch_size
     checkpoint_path = f"{run_dir}/checkpoint.pt"
     if checkpoint is not None:  # Infrastructure: resume where the run stopped
-        start_iteration = restore_checkpoint(
-            checkpoint, args, agent, optimizer, rng, reward_training, policy_normalizer, device
-        )
-        global_step = (start_iteration - 1) * args.batch_size
+        restore_checkpoint(checkpoint, agent, optimizer, rng, reward_training, policy_normalizer, device)
         if rlhf:
             load_labels(labels_dir, buffer, teacher)
         print(f"resumed {run_dir} at step {global_step} with {buffer.total if rlhf else 0} labels")

@@ -1789,8 +1789,9 @@ if __name__ == "__main__":
     rlhf = args.feedback != "true-reward"
     env_kwargs = json.loads(args.env_kwargs)
     os.makedirs(run_dir, exist_ok=True)
-    # Infrastructure: a resumed run hides what the stopped one logged after its checkpoint: it logs those steps again
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
+    # resumed run's mark on (the resumed run logs those steps again). It ignores the first mark it reads: a new run's
+    writer = SummaryWriter(run_dir, purge_step=1 + (checkpoint["global_step"] if checkpoint else 0))
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+from tensorboard.util.tensor_util import make_ndarray
 
 SCRIPT = Path(__file__).resolve().parents[1] / "rlhf_ppo_mujoco.py"
 
@@ -216,10 +217,12 @@ def only_run_dir(cwd):
 
 
 def scalars(run_dir):
-    """Every scalar the run logged to TensorBoard: {tag: [(step, value), ...]}."""
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    """Every scalar the run logged, as TensorBoard shows it (its own reader: a resumed run's purge applied the same
+    way): {tag: [(step, value), ...]}."""
+    events = EventAccumulator(str(run_dir), tensor_size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [(s.step, s.value) for s in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    tags = [tag for tag, content in events.PluginTagToContent("scalars").items()]
+    return {tag: [(e.step, make_ndarray(e.tensor_proto).item()) for e in events.Tensors(tag)] for tag in tags}
 
 
 # label_server.py, run as a process on a free port of 127.0.0.1

@@ -815,6 +815,26 @@ def test_a_resumed_true_reward_run_goes_on_after_its_last_iteration_not_from_its
 
 
 @pytest.mark.slow
+def test_tensorboard_shows_each_step_once_after_a_resume_that_redoes_a_label_round(tmp_path):
+    """A labelled run stopped in the middle of a label round resumes at that round's start (its steps are the round's
+    label pool) and logs its iterations again: TensorBoard hid only those the stopped run logged after the
+    checkpoint, so the round's first iterations showed twice, with different values."""
+    # rounds of 500 steps per env (100 iterations of 10 steps), 2 of pretraining, 4 of RL; a line every iteration
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 6000").replace("--round-steps 100", "--round-steps 500")
+    args = args.replace("--pretrain-steps 400", "--pretrain-steps 2000").replace("--log-every 10", "--log-every 1")
+    out, err = interrupt_run(tmp_path, args + " --save-model", "step 2100,", script=SCRIPT, sig=signal.SIGTERM)
+    assert "interrupted at step" in out, err
+    run_dir = only_run_dir(tmp_path)
+    assert 210 <= torch.load(run_dir / "checkpoint.pt", weights_only=False)["iteration"] < 300  # mid-round (201-300)
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed {run_dir} at step 2000 " in resumed.stdout, resumed.stdout[:2000]
+    logged = scalars(run_dir)
+    for tag in ("losses/value_loss", "labels/total"):  # (labels/total is logged in pretraining too)
+        assert [step for step, _ in logged[tag] if step > 2000] == list(range(2010, 6001, 10)), tag  # each RL iteration, once
+
+
+@pytest.mark.slow
 def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(tmp_path):
     # rounds of 50 steps per env (10 iterations), 2 of pretraining, then 10 of 2 labels each; a checkpoint every round
     # and a line every iteration. Killed (-9) in round 8, the run resumes from the checkpoint that ended round 7.
