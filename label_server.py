@@ -1221,7 +1221,7 @@ def make_handler(store, args, rater_of_key=None):
                     writer.writerow([json.dumps(v) if isinstance(v, (dict, list)) else v for v in row.values()])
                 body, content_type = text.getvalue(), "text/csv; charset=utf-8"
             else:  # a task file for a crowd platform: each pair's two clips as URLs; answers come back via /api/import
-                base = query.get("base") or f"http://{self.headers.get('Host', 'localhost')}"
+                base = query.get("base") or args.public_url or f"http://{self.headers.get('Host', 'localhost')}"
                 if not re.fullmatch(r"https?://\S+", base):  # a tab or a line break in it would make rows of its own
                     raise ApiError(HTTPStatus.BAD_REQUEST, f"'base' must be an http(s) URL without spaces (got {base!r})")
                 lines = ["INPUT:video1\tINPUT:video2"]

@@ -437,7 +437,8 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     else:
         command = [sys.executable, script, *run["args"]]
         for stale in (folder / "runs").glob("*"):  # a start that died before its first checkpoint: start again
-            stale.rename(folder / "runs" / f"{stale.name}.failed-{int(time.time())}")
+            if ".failed-" not in stale.name:  # (not one put aside by an earlier start)
+                stale.rename(folder / "runs" / f"{stale.name}.failed-{int(time.time())}")
     log_path = folder / "run.log"
     with open(log_path, "a") as log:
         log.write(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, {'resumed' if previous else 'started'}: ")

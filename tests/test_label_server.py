@@ -98,7 +98,15 @@ def test_clips_serve_byte_ranges(label_server):
     assert (status, body) == (206, CLIP[4:10])
     status, body = server.call("GET", "/clips/p1-l", headers={"Range": "bytes=-3"})
     assert (status, body) == (206, CLIP[-3:])
-    assert server.call("GET", "/clips/p1-l", headers={"Range": f"bytes={len(CLIP) + 5}-"})[0] == 416
+    request = urllib.request.Request(server.url + "/clips/p1-l", headers={"Range": "bytes=4-999999"})
+    with urllib.request.urlopen(request, timeout=30) as reply:  # an end past the clip's: up to its last byte
+        assert (reply.status, reply.read()) == (206, CLIP[4:])
+        assert reply.headers["Content-Range"] == f"bytes 4-{len(CLIP) - 1}/{len(CLIP)}"
+        assert reply.headers["Content-Length"] == str(len(CLIP) - 4)
+    request = urllib.request.Request(server.url + "/clips/p1-l", headers={"Range": f"bytes={len(CLIP) + 5}-"})
+    with pytest.raises(urllib.error.HTTPError, match="416") as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.headers["Content-Range"] == f"bytes */{len(CLIP)}"
 
 
 def test_posting_and_answering_twice_is_harmless(label_server):
@@ -235,6 +243,8 @@ def test_token_guards_the_trainer_endpoints_only(label_server):
         assert server.call(method, path, body, raw=raw)[0] == 401
         assert server.call(method, path, body, raw=raw, token="wrong")[0] == 401
         server.token = "s3cret"
+    health = server.call("GET", "/healthz")[1]
+    assert (health["clips"], health["pairs"]) == (2, 1)  # nothing stored
     server.token = None  # raters need no token: the page, the next pair, clips and answers
     assert server.call("GET", "/")[0] == 200
     assert next_pair(server, "ann")["pair_id"] == "p1"
@@ -316,7 +326,8 @@ def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(label_server, me
     raw = body if isinstance(body, bytes) else None
     got, reply = server.call(method, path, None if raw is not None else body, raw=raw)
     assert got == status and message in reply["error"], reply
-    assert server.call("GET", "/healthz")[1]["pairs"] == 1  # still serving, nothing changed
+    # still serving, nothing changed: the pair and its two clips, no answer
+    assert server.call("GET", "/healthz")[1] == {"ok": True, "clips": 2, "pairs": 1, "answers": 0, "labels": 0}
 
 
 def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
@@ -334,9 +345,9 @@ def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
     line, body = raw_request(
         server.port, b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\nConnection: close\r\n\r\n"
     )
-    assert " 400 " in line
+    assert " 400 " in line and "Content-Length" in json.loads(body)["error"], (line, body)
     line, body = raw_request(server.port, b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-    assert " 411 " in line
+    assert " 411 " in line and "Content-Length" in json.loads(body)["error"], (line, body)
     assert server.call("GET", "/healthz")[0] == 200
 
 
@@ -874,14 +885,15 @@ def server_threads(server):
 
 
 def test_idle_connections_hold_at_most_max_workers_threads(label_server):
-    server = label_server("--timeout", 1, "--max-workers", 4)
+    server = label_server("--timeout", 30, "--max-workers", 4)
     idle = [half_sent(server.port, b"") for _ in range(12)]  # e.g. keep-alive connections a browser keeps open
     time.sleep(0.5)
-    assert server_threads(server) <= 4 + 1, server_threads(server)  # the workers and the main thread
+    assert server_threads(server) <= 4 + 1, server_threads(server)  # the workers and the main thread, not one each
     started = time.monotonic()
-    # the idle connections wait in the server's main thread, not in a worker: a new request is answered at once
+    # the idle connections wait in the server's main thread, not in a worker: a new request is answered at once (held
+    # by workers, they would keep it waiting 30 s, each worker's timeout)
     assert server.call("GET", "/healthz")[0] == 200
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 5
     for sock in idle:
         sock.close()
 
@@ -1690,3 +1702,7 @@ def test_behind_a_reverse_proxy_its_public_address_is_accepted(label_server):
     assert server.call("GET", "/", headers={"Host": "labels.example.org"})[0] == 200
     assert server.call("POST", "/api/labels", {**vote, "rater": "cid"}, headers={"Origin": "https://evil.example"})[0] == 403
     assert server.call("GET", "/", headers={"Host": "evil.example"})[0] == 403
+    # the crowd task file points at the public address, not at the proxy's way in (127.0.0.1 over http)
+    post_pair(server, "p2")
+    tasks = download(server, "/api/export?what=pairs&format=tsv")[1].splitlines()
+    assert tasks[1:] == ["https://labels.example.org/clips/p2-l\thttps://labels.example.org/clips/p2-r"], tasks

@@ -87,7 +87,7 @@ def test_a_local_sweep_runs_each_run_once_and_reports_from_the_logs(tmp_path):
     # the same command again: nothing left to run, no run started again
     logs_before = {name: (out / name / "run.log").read_text() for name in last}
     again = sweep("local", grid, "--out", out)
-    assert "2 of 2 runs done; running 0" in again.stdout
+    assert again.returncode == 0 and "2 of 2 runs done; running 0" in again.stdout, again.stderr
     assert {name: (out / name / "run.log").read_text() for name in last} == logs_before
 
 
@@ -232,9 +232,14 @@ def test_done_json_counts_the_runs_attempts_since_its_last_start_and_their_logge
     folder = out / "position__labels30__1"
     folder.mkdir(parents=True)  # a first start that failed before any checkpoint: the run starts again
     (folder / "run.log").write_text("# 2026-01-01 00:00:00 UTC, started: python script\nerror\n# exit 1, wall_s 1.5\n")
+    (folder / "runs" / "Env__exp__1__2").mkdir(parents=True)  # what it left: no checkpoint (put aside now)
+    (folder / "runs" / "Env__exp__1__1.failed-1700000000").mkdir()  # and a start before it, put aside then
     task = subprocess.Popen([sys.executable, str(SWEEP), "task", str(grid), "--index", "1", "--out", str(out)], cwd=ROOT)
     try:
         assert wait_until(lambda: logged_steps(folder / "run.log") and any(folder.glob("runs/*/checkpoint.pt")), 120)
+        set_aside = sorted(p.name for p in (folder / "runs").iterdir() if ".failed-" in p.name)
+        assert set_aside[0] == "Env__exp__1__1.failed-1700000000" and re.fullmatch(r"Env__exp__1__2\.failed-\d+", set_aside[1])
+        assert len(set_aside) == 2, set_aside  # each start's folder put aside once, under its own name
         script = processes(
             lambda proc: (
                 "rlhf_moving_dot.py" in proc.joinpath("cmdline").read_text() and os.readlink(proc / "cwd") == str(folder)
@@ -502,7 +507,7 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
     [
         ({"script": "rlhf_nothing.py"}, "names a script that is not in"),
         ({"feedback": ["true", "lots"]}, "feedback must be \"true\" or a positive number of labels, not 'lots'"),
-        ({"envs": None}, "envs"),
+        ({"envs": None}, "has no 'envs'"),  # (taken out below)
         ({"seeds": 3}, "seeds must be a list of whole numbers, not 3"),
         ({"seeds_by_feedback": [1, 2]}, 'seeds_by_feedback must map feedback ("true", "350", ...) to lists of seeds'),
         ({"seeds_by_feedback": {"30": ["1"]}}, "seeds must be a list of whole numbers, not ['1']"),
@@ -594,6 +599,7 @@ def test_checking_the_runs_leaves_the_environment_they_inherit_alone(tmp_path, m
     import sweep
 
     monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.delitem(sys.modules, "checked_rlhf_ppo_mujoco", raising=False)  # imported here, not cached earlier
     grid_args = {
         "script": "rlhf_ppo_mujoco.py",
         "env_flag": "--env",
@@ -607,6 +613,9 @@ def test_checking_the_runs_leaves_the_environment_they_inherit_alone(tmp_path, m
     sweep.check_runs(grid, range(len(grid["runs"])), tmp_path / "out")
     assert dict(os.environ) == environment
     assert not (tmp_path / "out").exists()
+    monkeypatch.delitem(sys.modules, "checked_rlhf_ppo_mujoco")
+    sweep.imported_script(grid)  # as settings_changed imports it, with no check_runs around it
+    assert dict(os.environ) == environment
 
 
 def test_a_relative_path_in_a_grid_is_checked_from_the_run_folder_where_the_run_reads_it(tmp_path):
@@ -955,14 +964,15 @@ def test_no_ratio_is_given_where_the_true_reward_runs_ended_below_their_start():
     assert ratio_to_true(900.0, 1000.0, -50.0) == pytest.approx(0.9)
 
 
-def report_of_finals(tmp_path, finals):
-    """The table of a Hopper-v4 grid whose runs (a mode's seeds 1, 2, ...) ended at these true returns."""
+def report_of_finals(tmp_path, finals, under_way=()):
+    """The table of a Hopper-v4 grid whose runs (a mode's seeds 1, 2, ...) ended at these true returns (the modes in
+    `under_way`: are at them so far, without done.json)."""
     feedback = ["true"] + [int(mode[len("labels") :]) for mode in finals if mode != "true"]
     grid = write_grid(tmp_path, envs={"Hopper-v4": {}}, feedback=feedback, seeds=[1, 2, 3], script="rlhf_ppo_mujoco.py")
     out = tmp_path / "out"
     for mode, values in finals.items():
         for seed, value in enumerate(values, 1):
-            write_run_log(out, f"Hopper-v4__{mode}__{seed}", (10.0, value))
+            write_run_log(out, f"Hopper-v4__{mode}__{seed}", (10.0, value), done=mode not in under_way)
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
     return (out / "table.md").read_text()
@@ -1000,6 +1010,18 @@ def test_a_cell_short_of_the_claim_says_by_how_many_standard_errors(tmp_path):
     assert f"| {ratio:.2f} ± {error:.2f} | 0.90: not met, {short:.1f} standard errors short |" in table, table
     assert "| 500 ± 0.0 | 0.50 | 0.95: not met |" in table, table
     assert "standard errors short" in table.split("|---|")[-1]  # the note under the table says what the distance is
+
+
+@pytest.mark.parametrize("under_way", ["labels350", "true"])
+def test_a_cell_is_judged_only_when_its_runs_and_the_true_reward_runs_have_finished(tmp_path, under_way):
+    # a run under way shows its return so far, early in training: judged, it would read as a shortfall (or, for the
+    # true-reward runs, make every cell look better than it is)
+    finals = {"true": (1000.0, 1100.0, 900.0), "labels350": (500.0, 600.0, 400.0), "labels700": (990.0, 1000.0, 1010.0)}
+    table = report_of_finals(tmp_path, finals, under_way=(under_way,))
+    ratio, error = ratio_and_standard_error(finals["labels350"], finals["true"])
+    seeds = "3 (0)" if under_way == "labels350" else "3 (3)"
+    assert f"| 350 labels | {seeds} | 500 ± 100 | {ratio:.2f} ± {error:.2f} |  |" in table, table
+    assert ("| 700 labels | 3 (3) | 1000 ± 10.0 | 1.00 ± 0.06 | 0.95: met |" in table) == (under_way != "true"), table
 
 
 def test_a_ratio_of_negative_returns_takes_its_standard_error_from_the_progress_made(tmp_path):
