@@ -166,11 +166,18 @@ def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, fore
 
 
 def assert_answers_follow_true_returns(labels):
-    """Every strict answer in a saved labels.npz prefers the segment with more true reward (the synthetic teacher)."""
-    true_returns = labels["true_reward"].sum(-1)
-    strict = labels["mu"] != 0.5
-    assert strict.any()
-    assert np.all((true_returns[strict, 0] > true_returns[strict, 1]) == (labels["mu"][strict] == 1))
+    """Every answer in a saved labels.npz is the synthetic teacher's at its defaults: the segment with more true reward
+    (mu 1 left, 0 right), "equal" (0.5) on a tie and only then."""
+    true_returns = labels["true_reward"].astype(np.float64).sum(-1)
+    assert (labels["mu"] != 0.5).any()
+    np.testing.assert_array_equal(labels["mu"], np.sign(true_returns[:, 0] - true_returns[:, 1]) / 2 + 0.5)
+
+
+def assert_the_pairs_kept_are_the_most_disagreed_on(kept, candidates, num_pairs):
+    """Variance selection (C17 2.2.4): the ensemble's disagreement on the pairs kept (`kept`, in the order kept) is the
+    top `num_pairs` of its disagreement on the candidate pairs (`candidates`), most first."""
+    assert len(np.unique(candidates)) > num_pairs  # the ranking is not decided by ties
+    np.testing.assert_allclose(kept, np.sort(candidates)[::-1][:num_pairs], rtol=1e-6)
 
 
 # what every RLHF run logs to TensorBoard, whatever the script (STYLE.md)
@@ -492,8 +499,9 @@ def assert_a_run_the_label_server_refuses_saves_and_says_so(cwd, args, label_ser
     last_step = int(re.findall(r"^step (\d+),", log, re.M)[-1])  # the last iteration's progress line
     assert checkpoint["global_step"] >= last_step, (checkpoint["global_step"], last_step)
     saved = int(re.search(r"^(\d+) labels saved (?:to|in) ", log, re.M)[1])
-    if (run_dir / "labels.npz").exists():  # the Atari script saves its labels as they arrive, in batches
-        assert len(np.load(run_dir / "labels.npz")["mu"]) == saved  # the stop saved them all
+    # the stop saved them all (the Atari script keeps them in labels/, a file per batch as they arrive)
+    files = [run_dir / "labels.npz"] if (run_dir / "labels.npz").exists() else sorted((run_dir / "labels").glob("*.npz"))
+    assert files and sum(len(np.load(f)["mu"]) for f in files) == saved, (files, saved)
     with np.load(run_dir / "pending_pairs.npz") as pending:  # and the pairs still waiting for answers
         assert "pair_ids" in pending.files
     return run_dir, checkpoint, log

@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
@@ -275,8 +276,10 @@ def test_preference_loss_counts_ties_half_and_assumes_ten_percent_random_answers
     big = torch.tensor([50.0])
     # however sure the model is, a 10% chance of a random answer bounds the loss of a wrong one
     assert atari.preference_loss(big, -big, torch.tensor([0.0])).item() == pytest.approx(-np.log(0.05), rel=1e-4)
-    tie = atari.preference_loss(torch.tensor([1.0]), torch.tensor([1.0]), torch.tensor([0.5]))
-    assert tie.item() == pytest.approx(np.log(2), rel=1e-5)
+    # a tie is half a vote each way: against a model 2 nats sure of the left, -(log p + log(1 - p)) / 2
+    p_left = 0.9 / (1 + np.exp(-2.0)) + 0.05
+    tie = atari.preference_loss(torch.tensor([3.0]), torch.tensor([1.0]), torch.tensor([0.5]))
+    assert tie.item() == pytest.approx(-(np.log(p_left) + np.log(1 - p_left)) / 2, rel=1e-5)
 
 
 def test_policy_normalization_gives_the_latest_rollouts_zero_mean_and_the_target_std_whatever_their_offset():
@@ -496,8 +499,8 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
 @pytest.mark.slow
 def test_resuming_a_finished_run_trains_it_no_further(tmp_path):
     # 125 iterations of 2 x 5 steps: the last label round (20 iterations) is not whole, so the first iteration of the
-    # round the checkpoint is in, where a resume starts, lies before the run's end
-    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 1250") + " --feedback true-reward --save-model"
+    # round the checkpoint is in, where a labelled run's resume starts, lies before the run's end
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 1250") + " --save-model"
     finished = run_atari(tmp_path, args)
     assert finished.returncode == 0, finished.stderr
     run_dir = only_run_dir(tmp_path)
@@ -506,6 +509,7 @@ def test_resuming_a_finished_run_trains_it_no_further(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     after = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert before["global_step"] == after["global_step"] == 1250
+    assert not re.search(r"^step ", resumed.stdout, re.M), resumed.stdout  # no iteration acted again
     for name, value in before["agent"].items():
         assert torch.equal(after["agent"][name], value), name
 
@@ -623,6 +627,18 @@ def noisy_history(rng):
     history = atari.new_history(20, 2)
     history["frames"][:] = rng.integers(0, 256, history["frames"].shape, dtype=np.uint8)
     return history
+
+
+def test_variance_selection_keeps_the_candidate_pairs_the_members_disagree_on_most():
+    history = noisy_history(np.random.default_rng(0))
+    torch.manual_seed(0)
+    ensemble = atari.RewardEnsemble(3).eval()  # untrained members: they disagree, pair by pair
+    # scored 16 candidate pairs at a time, 48 in all
+    left, right = atari.select_pairs(np.random.default_rng(3), ensemble, history, 5, 6, 8, "variance", chunk=16)
+    replay = np.random.default_rng(3)  # draws the same candidates as select_pairs did
+    candidates = [atari.gather_segments(history, atari.segment_places(replay, history, 5, 6 * 8), 5) for _ in range(2)]
+    kept, scores = (atari.disagreement(ensemble, *pair) for pair in ((left, right), candidates))
+    assert_the_pairs_kept_are_the_most_disagreed_on(kept, scores, 6)
 
 
 def test_no_pair_shows_one_segment_twice():

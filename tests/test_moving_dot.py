@@ -18,6 +18,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
@@ -180,6 +181,18 @@ def coded_rollout(rng, steps=64, envs=3, truncate_at=()):
     }
 
 
+def test_variance_selection_keeps_the_candidate_pairs_the_members_disagree_on_most():
+    rng = np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    torch.manual_seed(0)
+    ensemble = dot.RewardEnsemble((2,), 5, size=3)  # untrained members: they disagree, pair by pair
+    left, right = dot.select_pairs(np.random.default_rng(3), ensemble, "position", rollout, 5, 6, 8, "variance")
+    replay = np.random.default_rng(3)  # draws the same candidates as select_pairs did
+    candidates = [dot.sample_segments(replay, rollout, 5, 6 * 8) for _ in range(2)]
+    kept, scores = (dot.disagreement(ensemble, "position", *pair) for pair in ((left, right), candidates))
+    assert_the_pairs_kept_are_the_most_disagreed_on(kept, scores, 6)
+
+
 def test_no_pair_shows_one_segment_twice():
     """As in rlhf_ppo_mujoco.py: a pair whose two sides are the same segment gets another right side (20 x 10 pairs of
     a rollout with 30 starts)."""
@@ -202,6 +215,15 @@ def test_segments_are_consecutive_steps_of_one_episode():
     assert set(t[:, 0]) == set(range(64 - 8 + 1)) - crossing
     with pytest.raises(RuntimeError, match="no valid segment"):
         dot.sample_segments(rng, coded_rollout(rng, truncate_at=range(0, 64, 4)), 8, 1)
+
+
+def test_the_synthetic_teacher_prefers_the_segment_with_more_true_reward_and_calls_a_tie_equal():
+    rng = np.random.default_rng(0)
+    rollout = coded_rollout(rng)  # rewards -1, 0 and 1: many 5-step segments tie
+    left, right = dot.sample_segments(rng, rollout, 5, 200), dot.sample_segments(rng, rollout, 5, 200)
+    mu = dot.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"])
+    assert (mu == 0.5).sum() > 10
+    assert_answers_follow_true_returns({"true_reward": np.stack([left["true_reward"], right["true_reward"]], 1), "mu": mu})
 
 
 def test_preference_database_keeps_pairs_across_connections(tmp_path):
@@ -456,6 +478,13 @@ def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     evaluation = run_dot(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1")
     assert evaluation.returncode == 0, evaluation.stderr
     assert "eval: 1 episodes of MovingDot-v0: true return" in evaluation.stdout
+    # the evaluated agent is the saved one, acting its most likely action: a policy whose likeliest action is to stay
+    # (p 0.29; sampled, it moves 71% of the time) never moves, and earns exactly 0
+    checkpoint["agent"]["actor.weight"].zero_()
+    checkpoint["agent"]["actor.bias"][:] = torch.tensor([1.0, 0.5, 0.5, 0.5, 0.5])
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+    evaluation = run_dot(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 2")
+    assert "eval: 2 episodes of MovingDot-v0: true return 0.0 +- 0.0" in evaluation.stdout, evaluation.stdout
 
 
 @pytest.mark.slow
@@ -825,6 +854,10 @@ def test_a_run_stopped_and_resumed_ends_exactly_as_the_same_seed_uninterrupted(t
     run_dir = only_run_dir(tmp_path)
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
     assert 0 < stopped_at < LONG_STEPS
+    if stop_after == "pretraining: step":  # stopped in pretraining (2 rollouts of 256 steps): at its end, or between them
+        assert stopped_at in (256, 512), stopped_at
+    else:  # in RL
+        assert stopped_at > 512, stopped_at
     before = set(run_dir.glob("events.*"))
     resumed = run_dot(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr

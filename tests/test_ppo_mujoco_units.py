@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
 import torch
+from helpers import assert_the_pairs_kept_are_the_most_disagreed_on
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -542,10 +543,9 @@ def test_variance_selection_keeps_the_candidates_the_members_disagree_on_most(se
     left, right = rl.select_pairs(np.random.default_rng(3), ensemble, rollout, length, num_pairs, multiplier, "variance")
     replay = np.random.default_rng(3)  # draws the same candidates as select_pairs did
     candidates = [rl.sample_segments(replay, rollout, length, num_pairs * multiplier) for _ in range(2)]
-    scores = rl.disagreement(ensemble, *candidates)
-    assert len(np.unique(scores)) > num_pairs  # the ranking is not decided by ties
-    chosen = rl.disagreement(ensemble, left, right)
-    np.testing.assert_allclose(chosen, np.sort(scores)[::-1][:num_pairs], rtol=1e-6)
+    assert_the_pairs_kept_are_the_most_disagreed_on(
+        rl.disagreement(ensemble, left, right), rl.disagreement(ensemble, *candidates), num_pairs
+    )
     for i in range(num_pairs):  # each chosen pair is a candidate pair, left and right kept together
         same = [
             np.array_equal(left["true_reward"][i], a) and np.array_equal(right["true_reward"][i], b)
