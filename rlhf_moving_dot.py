@@ -1806,8 +1806,9 @@ if __name__ == "__main__":
     completed = start_iteration - 1
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     run_error = None  # why the run cannot go on, raised once everything is saved
-    checkpoint_kept = False  # Infrastructure: a human-feedback run stopped before its reward model is pretrained keeps
-    # the checkpoint from before its last pretraining rollout (written as that rollout begins): --resume acts it again
+    checkpoint_kept = False  # Infrastructure: a labelled run stopped before its reward model is pretrained (in a
+    # person's label wait, or with no label at all) keeps the checkpoint from before its last pretraining rollout
+    # (written as that rollout begins): --resume acts it again
 
     def checkpoint_now():  # Infrastructure
         episodes = (predicted_return, recent_returns, recent_predicted)
@@ -1816,7 +1817,7 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
-        if args.feedback == "human" and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
+        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
             save_labels(buffer, teacher, labels_path)  # see checkpoint_kept
             checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
@@ -1860,12 +1861,12 @@ if __name__ == "__main__":
             query_labels(rng, ensemble, teacher, buffer, database, rollout, int(schedule[:iteration].sum()), selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
-                    checkpoint_kept = args.feedback == "human"  # Infrastructure
+                    checkpoint_kept = True  # Infrastructure
                     break
                 store_answers(teacher, buffer, database)
                 if buffer.size == 0:
                     run_error = no_pretraining_label_error(args, run_dir)
-                    checkpoint_kept = args.feedback == "human"  # Infrastructure: as at a stop in the wait
+                    checkpoint_kept = True  # Infrastructure: as at a stop in the wait
                     break  # the labels (and, with --save-model, the checkpoint) are saved below
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)

@@ -1882,8 +1882,9 @@ if __name__ == "__main__":
     completed, completed_step = start_iteration - 1, global_step
     stop_requested = stop_on_signals()  # Infrastructure: Ctrl-C or SIGTERM stop at the end of an iteration
     error = None
-    checkpoint_kept = False  # Infrastructure: a human-feedback run stopped before its reward model is pretrained keeps
-    # the checkpoint from before its last pretraining rollout (written as that rollout begins): --resume acts it again
+    checkpoint_kept = False  # Infrastructure: a labelled run stopped before its reward model is pretrained (in a
+    # person's label wait, or with no label at all) keeps the checkpoint from before its last pretraining rollout
+    # (written as that rollout begins): --resume acts it again
 
     def checkpoint_now():  # Infrastructure
         recent = (recent_returns, recent_predicted)
@@ -1893,7 +1894,7 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
-        if args.feedback == "human" and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
+        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
             save_labels(buffer, teacher, labels_path)  # see checkpoint_kept
             checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
@@ -1947,12 +1948,12 @@ if __name__ == "__main__":
             query_labels(rng, ensemble, teacher, buffer, join_rollouts(pair_pool), labels_due, selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
-                    checkpoint_kept = args.feedback == "human"  # Infrastructure
+                    checkpoint_kept = True  # Infrastructure
                     break
                 store_answers(teacher, buffer)
                 if buffer.size == 0:  # the teacher skipped every pair, or people answered all "can't tell"
                     error = no_pretraining_label_error(args, run_dir)
-                    checkpoint_kept = args.feedback == "human"  # Infrastructure: as at a stop in the wait
+                    checkpoint_kept = True  # Infrastructure: as at a stop in the wait
                     break
                 pretrain_reward_model(reward_training, buffer, args, rng)
                 # the episodes under way began unrewarded: no whole learned return (one that begins with RL has one)

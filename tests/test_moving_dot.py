@@ -745,7 +745,11 @@ def test_a_teacher_that_skips_every_pretraining_pair_stops_the_run_with_a_clear_
     run_dir = only_run_dir(tmp_path)
     assert len(np.load(run_dir / "labels.npz")["mu"]) == 0  # saved (empty) like any stopped run's
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert checkpoint["iteration"] < 2  # the last pretraining rollout is done again on --resume
+    # kept from before the last pretraining rollout (2 of 256 steps), the environments as they were then (64 steps into
+    # their 100-step episodes): it held them a rollout further on (28)
+    assert (checkpoint["iteration"], checkpoint["global_step"]) == (1, 256)
+    assert [state["elapsed_steps"] for state in checkpoint["env_states"]] == [64] * 4
+    assert "checkpoint of step 256 kept" in result.stdout
 
 
 @pytest.mark.slow

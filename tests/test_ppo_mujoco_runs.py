@@ -297,10 +297,18 @@ def test_a_budget_of_one_or_two_labels_still_pretrains_on_one(tmp_path):
 
 @pytest.mark.slow
 def test_a_teacher_that_answers_no_pretraining_pair_stops_the_run_with_a_message(tmp_path):
-    result = run_script(tmp_path, TINY + " --teacher-skip-threshold 1e9")
+    # HalfCheetah never falls: with 40-step episodes every environment is 64 % 40 = 24 steps into one after a rollout
+    args = TINY.replace("--env Hopper-v4", '--env HalfCheetah-v4 --env-kwargs {"max_episode_steps":40}')
+    result = run_script(tmp_path, args + " --teacher-skip-threshold 1e9 --save-model")
     assert_clear_error(result, "error: pretraining ended with no preference label")
     assert "the synthetic teacher skipped every pair" in result.stderr and "a lower --teacher-skip-threshold" in result.stderr
-    assert (only_run_dir(tmp_path) / "labels.npz").exists()
+    run_dir = only_run_dir(tmp_path)
+    assert (run_dir / "labels.npz").exists()
+    # the checkpoint is kept from before the last pretraining rollout (2 of 512 steps), the environments as they were
+    # then: it held them a rollout further on (128 % 40 = 8 steps in)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert (checkpoint["iteration"], checkpoint["global_step"]) == (1, 512)
+    assert [state["_elapsed_steps"] for state in checkpoint["environments"]] == [24] * 8
 
 
 BAD_SETTINGS = [
