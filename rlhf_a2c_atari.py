@@ -1583,7 +1583,7 @@ if __name__ == "__main__":
     os.makedirs(run_dir, exist_ok=True)
     start_iteration = resume_iteration(checkpoint, args) if checkpoint else 1  # Infrastructure: --resume
     # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
-    # resumed run's mark on (the resumed run logs those steps again). It ignores the first mark it reads: a new run's
+    # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
     writer = SummaryWriter(run_dir, purge_step=(start_iteration - 1) * args.batch_size + 1)
     writer.add_text(
         "hyperparameters",

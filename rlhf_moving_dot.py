@@ -1724,7 +1724,7 @@ if __name__ == "__main__":
     rlhf = args.feedback != "true-reward"
     os.makedirs(run_dir, exist_ok=True)
     # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
-    # resumed run's mark on (the resumed run logs those steps again). It ignores the first mark it reads: a new run's
+    # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
     writer = SummaryWriter(run_dir, purge_step=1 + (checkpoint["global_step"] if checkpoint else 0))
     writer.add_text(
         "hyperparameters",
@@ -1817,8 +1817,9 @@ if __name__ == "__main__":
     for iteration in range(start_iteration, args.num_iterations + 1):
         if stop_requested.is_set() or (rlhf and teacher.failure):  # Infrastructure: Ctrl-C, SIGTERM, the label server
             break
-        if rlhf and args.save_model and iteration == args.pretrain_iterations:  # Infrastructure:
-            save_labels(buffer, teacher, labels_path)  # see checkpoint_kept
+        # Infrastructure: see checkpoint_kept (an offline run labels every pair before its first checkpoint: none twice)
+        if rlhf and not args.offline and args.save_model and iteration == args.pretrain_iterations:
+            save_labels(buffer, teacher, labels_path)
             checkpoint_now()
         pretraining = iteration <= args.pretrain_iterations  # RLHF: the initial policy only collects labels
         # Annealing the rate if instructed to do so.

@@ -1790,7 +1790,7 @@ if __name__ == "__main__":
     env_kwargs = json.loads(args.env_kwargs)
     os.makedirs(run_dir, exist_ok=True)
     # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
-    # resumed run's mark on (the resumed run logs those steps again). It ignores the first mark it reads: a new run's
+    # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
     writer = SummaryWriter(run_dir, purge_step=1 + (checkpoint["global_step"] if checkpoint else 0))
     writer.add_text(
         "hyperparameters",

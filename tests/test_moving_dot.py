@@ -18,6 +18,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    start_trainer,
     assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_run_killed_after_pretraining_resumes_pretrained,
@@ -553,6 +554,32 @@ def test_offline_run_builds_the_database_once_and_keeps_its_reward_model_frozen(
     assert "this run's teacher has --teacher-epsilon 0.2" in other_teacher.stderr
     assert dot.PreferenceDatabase(str(database)).count(5) == 30
     assert not list((tmp_path / "runs").glob("*third*"))  # refused before its run folder was made (README: Flags)
+
+
+@pytest.mark.slow
+def test_an_offline_run_killed_while_fitting_labels_no_pair_twice(tmp_path):
+    """Offline runs label every pair before their first checkpoint, so none is asked twice: a run killed (-9) while its
+    reward model is fitted on the database cannot resume into asking the last pretraining rollout's pairs again (a
+    checkpoint written as that rollout began would let it, adding them to the database a second time)."""
+    database = tmp_path / "prefs.sqlite"
+    args = (
+        TINY.replace("--pretrain-epochs 5", "--pretrain-epochs 2000") + f" --offline --preference-db {database} --save-model"
+    )
+    trainer, output, reader = start_trainer(tmp_path, args, SCRIPT)
+    try:
+        deadline = time.time() + 120
+        while not (database.exists() and dot.PreferenceDatabase(str(database)).count(5) == 30):  # every label in
+            assert time.time() < deadline and trainer.poll() is None, "".join(output)
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert trainer.poll() is None and "reward model fitted" not in "".join(output)  # killed while fitting
+        trainer.kill()
+        trainer.wait(timeout=60)
+    finally:
+        trainer.kill()
+    reader.join(timeout=30)
+    run_dot(tmp_path, f"--resume {only_run_dir(tmp_path)}")
+    assert dot.PreferenceDatabase(str(database)).count(5) == 30
 
 
 @pytest.mark.slow
