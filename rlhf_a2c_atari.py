@@ -1584,10 +1584,12 @@ if __name__ == "__main__":
     start_iteration = resume_iteration(checkpoint, args) if checkpoint else 1  # Infrastructure: --resume
     # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
     # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
-    writer = SummaryWriter(run_dir, purge_step=(start_iteration - 1) * args.batch_size + 1)
+    first_logged_step = (start_iteration - 1) * args.batch_size + 1
+    writer = SummaryWriter(run_dir, purge_step=first_logged_step)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        first_logged_step,  # RLHF: each start's settings at its mark (at step 0, every resume's would pile up there)
     )
 
     # TRY NOT TO MODIFY: seeding

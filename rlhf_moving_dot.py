@@ -1725,10 +1725,12 @@ if __name__ == "__main__":
     os.makedirs(run_dir, exist_ok=True)
     # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
     # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
-    writer = SummaryWriter(run_dir, purge_step=1 + (checkpoint["global_step"] if checkpoint else 0))
+    first_logged_step = 1 + (checkpoint["global_step"] if checkpoint else 0)
+    writer = SummaryWriter(run_dir, purge_step=first_logged_step)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        first_logged_step,  # RLHF: each start's settings at its mark (at step 0, every resume's would pile up there)
     )
 
     # TRY NOT TO MODIFY: seeding
