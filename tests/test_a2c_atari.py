@@ -498,6 +498,18 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
 
 
 @pytest.mark.slow
+def test_evaluation_plays_the_saved_agent(tmp_path):
+    """A game where the policy shows: in Freeway an agent that always presses UP crosses the road about 22 times in its
+    2 min 16 s; one that ignored the saved weights (or never moved) scores 0 or 1."""
+    agent = atari.Agent(3)  # Freeway: NOOP, UP, DOWN
+    with torch.no_grad():
+        agent.actor.weight.zero_()
+        agent.actor.bias.copy_(torch.tensor([-20.0, 20.0, -20.0]))
+    torch.save({"agent": agent.state_dict()}, tmp_path / "checkpoint.pt")
+    assert atari.evaluate(tmp_path / "checkpoint.pt", "FreewayNoFrameskip-v4", 1) >= [15.0]
+
+
+@pytest.mark.slow
 def test_resuming_a_finished_run_trains_it_no_further(tmp_path):
     # 125 iterations of 2 x 5 steps: the last label round (20 iterations) is not whole, so the first iteration of the
     # round the checkpoint is in, where a labelled run's resume starts, lies before the run's end
