@@ -1304,7 +1304,7 @@ PAGE = """<!doctype html>
  #clips { display: flex; gap: 1.5%; justify-content: center; }
  figure { margin: 0; text-align: center; }
  /* clips, question, buttons and legend fit the window (1280x800, 1366x768 included): no scrolling */
- video { display: block; height: min(calc(100vh - 12.5em), 48vw); aspect-ratio: 1; background: #000; object-fit: contain; }
+ video, figure img { display: block; height: min(calc(100vh - 12.5em), 48vw); aspect-ratio: 1; background: #000; object-fit: contain; }
  #buttons { display: flex; gap: 0.8em; justify-content: center; margin: 0.4em 0 0.2em; }
  button { font-size: 1.05em; padding: 0.35em 0.9em; } button:disabled { opacity: 0.45; }
  #legend, #hint { text-align: center; color: #555; font-size: 0.9em; min-height: 1.2em; }
@@ -1319,8 +1319,10 @@ PAGE = """<!doctype html>
 <div id="message" class="hidden"></div>
 <div id="pair" class="hidden">
  <div id="clips">
-  <figure><video id="left" muted loop playsinline preload="auto"></video><figcaption>Left</figcaption></figure>
-  <figure><video id="right" muted loop playsinline preload="auto"></video><figcaption>Right</figcaption></figure>
+  <figure id="left-figure"><video id="left" muted loop playsinline preload="auto"></video><img class="hidden" alt="left clip">
+   <figcaption>Left</figcaption></figure>
+  <figure id="right-figure"><video id="right" muted loop playsinline preload="auto"></video><img class="hidden" alt="right clip">
+   <figcaption>Right</figcaption></figure>
  </div>
  <div id="buttons">
   <button data-choice="left" tabindex="-1">&larr; Left is better</button>
@@ -1335,6 +1337,7 @@ PAGE = """<!doctype html>
 <script>
 const $ = (id) => document.getElementById(id);
 const left = $("left"), right = $("right"), videos = [left, right];
+const images = videos.map((v) => v.parentElement.querySelector("img"));
 const NAMES = {left: "Left is better", right: "Right is better", equal: "Equally good", cant_tell: "Can't tell"};
 const params = new URLSearchParams(location.search);
 // a personal link (/?key=...) from a server started with --rater-keys: the server says who this is
@@ -1342,6 +1345,7 @@ const key = params.get("key"), KEY = key ? {"X-Rater-Key": key} : {};
 $("rater").readOnly = Boolean(key);
 $("rater").value = key ? "" : params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
 let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
+let failed = [false, false];  // a clip that neither a video nor an image can show
 function rater() { if (!key) localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
 function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
 function notice(text) { $("notice").textContent = text; }
@@ -1351,13 +1355,32 @@ function status(info) {
   if (info.counted === false) text += "; your answers no longer count (too many check pairs answered unlike their known answer)";
   $("status").textContent = text;
 }
-// an answer counts only once both clips have played through: a rater answers what they watched
+// an answer counts only once both clips have played through: a rater answers what they watched; a pair with a clip
+// that does not load takes only "can't tell" (as a crowd platform's "error" is imported), so no rater is stuck on it
 function ready() { return pair !== null && watched[0] && watched[1]; }
+function broken() { return pair !== null && (failed[0] || failed[1]); }
+function takes(choice) { return ready() || (broken() && choice === "cant_tell"); }
+function brokenHint() {
+  const which = failed[0] && failed[1] ? "Neither clip" : failed[0] ? "The left clip" : "The right clip";
+  return `${which} did not load: only "Can't tell" (\u2193) is taken for this pair.`;
+}
 function showReady() {
-  document.querySelectorAll("button[data-choice]").forEach((b) => { b.disabled = !ready(); });
-  if (!ready()) $("hint").textContent ||= "Watch both clips to the end, then answer.";
+  document.querySelectorAll("button[data-choice]").forEach((b) => { b.disabled = !takes(b.dataset.choice); });
+  if (broken()) $("hint").textContent = brokenHint();
+  else if (!ready()) $("hint").textContent ||= "Watch both clips to the end, then answer.";
   else $("hint").textContent = "";
 }
+// the server takes PNG and GIF clips too (a crowd task's format), which a video cannot play: a clip the video refuses
+// is shown as an image, seen once it has loaded (a GIF's loops cannot be followed); one the image refuses too has failed
+function clipUrl(i) { return pair && (i ? pair.right_url : pair.left_url); }
+videos.forEach((v, i) => v.addEventListener("error", () => {
+  if (v.getAttribute("src") !== clipUrl(i)) return;  // an earlier pair's clip
+  v.classList.add("hidden"); images[i].classList.remove("hidden"); images[i].src = clipUrl(i);
+}));
+images.forEach((img, i) => {
+  img.addEventListener("load", () => { if (img.getAttribute("src") === clipUrl(i)) { watched[i] = true; showReady(); } });
+  img.addEventListener("error", () => { if (img.getAttribute("src") === clipUrl(i)) { failed[i] = true; showReady(); } });
+});
 async function next() {
   clearTimeout(retry); pair = null; showReady();
   try {
@@ -1375,7 +1398,9 @@ async function next() {
   $("instruction").textContent = pair.instruction;
   status(pair);
   $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
-  watched = [false, false]; showReady();
+  watched = [false, false]; failed = [false, false]; $("hint").textContent = ""; showReady();
+  images.forEach((img) => { img.classList.add("hidden"); img.removeAttribute("src"); });
+  videos.forEach((v) => v.classList.remove("hidden"));
   left.src = pair.left_url; right.src = pair.right_url;
   Promise.all(videos.map((v) => v.play().catch(() => {}))).then(() => {
     left.currentTime = 0; right.currentTime = 0; lastTime = [0, 0];
@@ -1414,7 +1439,10 @@ async function send(path, body, what) {
 }
 async function answer(choice) {
   if (busy || !pair) return;
-  if (!ready()) { $("hint").textContent = "Watch both clips to the end first: an answer before that is not taken."; return; }
+  if (!takes(choice)) {
+    $("hint").textContent = broken() ? brokenHint() : "Watch both clips to the end first: an answer before that is not taken.";
+    return;
+  }
   busy = true;
   const given = {pair_id: pair.pair_id, rater: rater(), choice: choice};
   if (await send("/api/labels", given, `Your answer "${NAMES[choice]}"`)) {

@@ -5,7 +5,8 @@ API and the SQLite file; once every pair is answered the page says so and counts
 rater whose golden-pair answers exclude them that their answers no longer count. A rater's time
 and answers are not wasted: no answer before both clips have played through, from a held key or from Enter/Space after
 a click; Backspace takes the last answer back; an answer given while the server is down stays on the page and is sent
-when it is back; clips, question, buttons and key legend fit laptop windows without scrolling."""
+when it is back; PNG and GIF clips show as images; a pair with a clip that does not load takes "can't tell" only;
+clips, question, buttons and key legend fit laptop windows without scrolling."""
 
 import sqlite3
 import time
@@ -370,3 +371,72 @@ def test_another_sites_page_open_in_the_raters_browser_cannot_take_a_pair_in_an_
     assert log.count("GET /api/pairs/next 403") == 3 and "GET /api/stats 403" in log, log
     status, body = server.call("GET", "/api/pairs/next?rater=ann")
     assert (status, body["pair_id"]) == (200, pair["pair_id"])  # no invented rater holds a lease on the one pair
+
+
+def image_clip(kind, shade):
+    """A still PNG, or a GIF of a white square crossing a background of `shade` (clips the server accepts besides video)."""
+    frames = np.full((FRAMES, SIDE, SIDE, 3), shade, np.uint8)
+    for t, frame in enumerate(frames):
+        frame[40:56, 2 * t : 2 * t + 16] = 255
+    return (
+        imageio.imwrite("<bytes>", frames[0], format="png")
+        if kind == "png"
+        else imageio.mimwrite("<bytes>", frames, format="gif", duration=1000 / FPS)
+    )
+
+
+IMAGES_JS = """
+return ["left", "right"].map((side) => {
+  const img = document.querySelector(`#${side}-figure img`), box = img.getBoundingClientRect();
+  return {src: img.getAttribute("src"), shown: box.width > 50 && getComputedStyle(img).display !== "none",
+          width: img.naturalWidth, video_shown: document.getElementById(side).getBoundingClientRect().width > 0};
+});
+"""
+
+
+def test_png_and_gif_clips_are_shown_as_images_and_answered(label_server, clips, browser):
+    """The server takes PNG and GIF clips (a crowd task's format); the page shows them as images, which a <video>
+    cannot play: before, the pair never took an answer, and it came back to every rater whenever its lease ran out."""
+    server = label_server()
+    images = [image_clip("png", 60), image_clip("gif", 120)]
+    for clip_id, data in zip(("still", "animated"), images):
+        assert server.call("PUT", f"/api/clips/{clip_id}", raw=data)[0] == 201
+    pair = {"experiment": EXPERIMENT, "pair_id": "images", "left_clip": "still", "right_clip": "animated"}
+    assert server.call("POST", "/api/pairs", pair)[0] == 201
+    browser.get(f"{server.url}/?rater={RATER}")
+
+    def both_shown():
+        now = browser.execute_script(IMAGES_JS)
+        return all(side["shown"] and side["width"] == SIDE for side in now) and now
+
+    shown = wait_until(both_shown, "both images are shown", show=lambda: browser.execute_script(IMAGES_JS))
+    assert [side["src"] for side in shown] == ["/clips/still", "/clips/animated"] and not any(s["video_shown"] for s in shown)
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the answer is recorded")
+    assert answers_in_database(server.db) == [("images", RATER, "right")]
+
+
+def test_a_pair_whose_clip_does_not_load_takes_only_cant_tell_and_the_rater_goes_on(label_server, clips, browser):
+    """A clip the browser cannot play (a broken upload, a codec it lacks): the page says so and takes "can't tell"
+    (as a crowd platform's "error" is imported), not a preference between a clip and nothing; the rater is not stuck."""
+    server = label_server()
+    (broken, after) = post_pairs(server, clips, 2)
+    assert (
+        server.call("PUT", f"/api/clips/{broken['right_clip']}", raw=b"not a video", headers={"Content-Type": "video/webm"})[0]
+        == 201
+    )
+    browser.get(f"{server.url}/?rater={RATER}")
+    hint = wait_until(
+        lambda: "did not load" in text_of(browser, "hint") and text_of(browser, "hint"), "the page says a clip did not load"
+    )
+    assert "right" in hint.lower(), hint
+    enabled = {
+        b.get_attribute("data-choice"): b.is_enabled() for b in browser.find_elements("css selector", "button[data-choice]")
+    }
+    assert enabled == {"left": False, "equal": False, "cant_tell": True, "right": False}, enabled
+    press(browser, webdriver.Keys.ARROW_LEFT)
+    assert answers_after_a_moment(server.db) == []
+    press(browser, webdriver.Keys.ARROW_DOWN)
+    show_pair(browser, after)
+    assert answers_in_database(server.db) == [(broken["pair_id"], RATER, "cant_tell")]
