@@ -1797,6 +1797,12 @@ def main(args: Args) -> None:
         raise SystemExit("error: --lease-seconds, --live-seconds, --timeout and --max-workers must be positive")
     if not args.undo_seconds >= 0:
         raise SystemExit("error: --undo-seconds must be 0 or more")
+    if not args.timeout <= 86400:  # the server's wait for events (epoll) takes at most about 24 days
+        raise SystemExit(f"error: --timeout must be at most 86400 seconds, a day (got {args.timeout})")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"error: --port must be 0-65535, 0 for any free port (got {args.port})")
+    if min(args.max_json_bytes, args.max_clip_bytes) < 1024:  # a pair's JSON alone is a few hundred bytes
+        raise SystemExit("error: --max-json-bytes and --max-clip-bytes must be at least 1024")
     if args.public_url and not re.fullmatch(r"https?://[^/\s]+/?", args.public_url):
         raise SystemExit(
             f"error: --public-url must be a scheme and a host, like https://labels.example.org (got {args.public_url})"

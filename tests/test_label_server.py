@@ -452,6 +452,31 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
     assert f"error: cannot listen on 127.0.0.1:{port}" in done.stderr and "in use" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--overlap", "0"], "--overlap"),
+        (["--golden-threshold", "1.5"], "--golden-threshold"),
+        (["--lease-seconds", "0"], "--lease-seconds"),
+        (["--undo-seconds", "-1"], "--undo-seconds"),
+        (["--timeout", "1e8"], "--timeout"),  # over what the server's wait (epoll) takes: it died at the first request
+        (["--timeout", "inf"], "--timeout"),
+        (["--port", "70000"], "--port"),  # a traceback (OverflowError from bind)
+        (["--port", "-1"], "--port"),
+        (["--max-json-bytes", "0"], "--max-json-bytes"),  # started, then refused every pair with 413
+        (["--max-clip-bytes", "0"], "--max-clip-bytes"),
+        (["--public-url", "ftp://labels.example.org"], "--public-url"),
+    ],
+)
+def test_settings_the_server_cannot_work_with_are_refused_at_start(tmp_path, flags, message):
+    db = tmp_path / "db.sqlite"
+    command = [sys.executable, str(SERVER), "--port", "0", "--db", str(db), *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and message in done.stderr, done.stderr
+    assert not db.exists()  # refused before anything is made
+
+
 def test_the_server_listens_on_the_ipv6_loopback(label_server):
     with socket.socket(socket.AF_INET6) as probe:
         try:
