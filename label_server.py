@@ -508,6 +508,11 @@ class LabelStore:
         # an answer to a pair its trainer closed is still recorded and labelled; it stays closed
         return True, self.db.execute("UPDATE pairs SET open = 0 WHERE pair_id = ? AND open = 1", (pair_id,)).rowcount
 
+    def last_label_number(self):
+        """The highest sequence number this database has given a label (0 before any): AUTOINCREMENT never reuses one,
+        even after an undo removed its label."""
+        return self._read("SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'labels'), 0)")[0][0]
+
     def labels_since(self, experiment, since, limit=1000):
         """The experiment's labels after sequence number `since`, up to the first one still young enough to be taken
         back (labels are numbered in the order they are made, so none is skipped)."""
@@ -1180,6 +1185,12 @@ def make_handler(store, args, rater_of_key=None):
             since = plain_int(query.get("since", "0"))
             if since is None:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "'since' must be a non-negative integer (at most 18 digits)")
+            if since > (last := store.last_label_number()):  # the trainer had it from another database
+                message = (
+                    f"this label server's database {args.db} never gave label {since} (it has numbered {last} labels): "
+                    "is the server running on the run's database (--db, a path relative to where it starts)?"
+                )
+                raise ApiError(HTTPStatus.CONFLICT, message)
             labels = store.labels_since(experiment, since)
             self.send_json(HTTPStatus.OK, {"labels": labels, "last_seq": labels[-1]["seq"] if labels else since})
 
@@ -1801,8 +1812,8 @@ def main(args: Args) -> None:
         raise SystemExit(f"error: --timeout must be at most 86400 seconds, a day (got {args.timeout})")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"error: --port must be 0-65535, 0 for any free port (got {args.port})")
-    if min(args.max_json_bytes, args.max_clip_bytes) < 1024:  # a pair's JSON alone is a few hundred bytes
-        raise SystemExit("error: --max-json-bytes and --max-clip-bytes must be at least 1024")
+    if min(args.max_json_bytes, args.max_clip_bytes) < 256:  # a pair's JSON alone is over 100 bytes
+        raise SystemExit("error: --max-json-bytes and --max-clip-bytes must be at least 256")
     if args.public_url and not re.fullmatch(r"https?://[^/\s]+/?", args.public_url):
         raise SystemExit(
             f"error: --public-url must be a scheme and a host, like https://labels.example.org (got {args.public_url})"

@@ -91,6 +91,23 @@ def test_the_whole_labelling_cycle(label_server):
     assert labels(server, experiment="another") == []
 
 
+def test_labels_asked_after_a_number_this_database_never_gave_are_refused(label_server, tmp_path):
+    """A trainer's `since` is the last label number it had from the server: one above any this database ever gave means
+    the server runs on another database (an empty one, started from another folder, or a copy from before those
+    labels): its pairs are not there, and new labels would be numbered below `since`, never reaching it. Before, the
+    reply was "no labels yet", and the trainer waited for ever."""
+    server = label_server()
+    status, body = server.call("GET", "/api/labels?experiment=exp&since=5")
+    assert status == 409 and "never gave label 5" in body["error"] and "0 labels" in body["error"], body
+    post_pair(server, "p1")
+    answer(server, "p1", "ann", "left")
+    (label,) = labels(server, since=0)
+    assert labels(server, since=label["seq"]) == []  # the last number it gave: nothing after it yet
+    status, body = server.call("GET", f"/api/labels?experiment=exp&since={label['seq'] + 1}")
+    assert status == 409 and str(server.db) in body["error"], body
+    assert labels(server, experiment="another", since=label["seq"]) == []  # numbers are the server's, not an experiment's
+
+
 def test_clips_serve_byte_ranges(label_server):
     server = label_server()
     post_pair(server, "p1")
