@@ -359,9 +359,10 @@ class LabelStore:
                     candidates = [self._first_available(rater, leased, False, e) for e in live]
                     ordinary = min((c for c in candidates if c), default=None) or self._first_available(rater, leased, False)
                     golden = self._first_available(rater, leased, True)
-                    # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left
-                    use_golden = golden and (not ordinary or answered % self.golden_every == 0)
-                    chosen = golden if use_golden else ordinary
+                    # golden pairs mixed in: one every `golden_every` pairs (the first pair included) while any is left,
+                    # and only then, other pairs waiting or not (else raters who come before the trainer's first
+                    # pairs would use up the checks before the real work)
+                    chosen = golden if golden and answered % self.golden_every == 0 else ordinary
                     if chosen is None:
                         return None
                     pair_id = chosen[1]

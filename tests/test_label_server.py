@@ -216,6 +216,27 @@ def test_golden_pairs_are_mixed_in_and_exclude_inaccurate_raters(label_server):
     assert label["choice"] == "right" and sorted(label["votes"]) == ["right", "right"]
 
 
+def test_golden_pairs_wait_their_turn_when_no_other_pair_is_waiting(label_server):
+    """Raters who open the page before the trainer has posted (it is still rendering) were given every golden pair back
+    to back: none was left to check them once the real pairs came. A golden pair comes once every --golden-every pairs,
+    with or without other pairs waiting."""
+    server = label_server("--golden-every", 5)
+    for i in range(4):
+        post_pair(server, f"g{i}", golden="left")
+
+    def label_all(rater):
+        served = []
+        while (pair := next_pair(server, rater)) is not None:
+            served.append(pair["pair_id"])
+            answer(server, pair["pair_id"], rater, "left")
+        return served
+
+    assert label_all("ann") == ["g0"]  # her first pair; then nothing until the trainer posts
+    for i in range(6):
+        post_pair(server, f"p{i}")
+    assert label_all("ann") == ["p0", "p1", "p2", "p3", "g1", "p4", "p5"]
+
+
 def test_a_pair_whose_answers_count_again_gets_its_label_and_is_served_no_more(label_server, tmp_path):
     """A rater left out for missing golden pairs, who answers a pair and then gets back above the threshold: that
     answer counts again, so the pair has its label as if it had counted all along. It stayed open without one: a
