@@ -291,9 +291,11 @@ class LabelStore:
         return self.db.execute("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,)).fetchone()[0]
 
     def _leased_by_others(self, rater, now):
-        """How many other raters hold a lease on each pair. Under lease_lock."""
+        """How many other raters whose answers count hold a lease on each pair (one whose answer would not make its
+        label holds none back). Under lease_lock."""
         self.lease_of = {r: lease for r, lease in self.lease_of.items() if lease[1] > now}  # expired: back in the queue
-        return Counter(pair_id for r, (pair_id, _) in self.lease_of.items() if r != rater)
+        excluded = self.excluded  # replaced whole, never changed in place: read without the lock
+        return Counter(pair_id for r, (pair_id, _) in self.lease_of.items() if r != rater and r not in excluded)
 
     def _available(self, pair_id, golden, leased):
         """May this open pair, which the rater has not answered, be given to them? Golden pairs are for every rater;

@@ -237,6 +237,21 @@ def test_golden_pairs_wait_their_turn_when_no_other_pair_is_waiting(label_server
     assert label_all("ann") == ["p0", "p1", "p2", "p3", "g1", "p4", "p5"]
 
 
+def test_a_rater_whose_answers_do_not_count_holds_no_pair_back_from_one_whose_do(label_server):
+    server = label_server("--golden-min", 1, "--golden-threshold", 0.5)
+    post_pair(server, "g1", golden="left")
+    post_pair(server, "p1")
+    assert next_pair(server, "spam")["pair_id"] == "g1"
+    answer(server, "g1", "spam", "right")  # 0 of 1 golden pairs right: spam no longer counts
+    assert next_pair(server, "spam")["pair_id"] == "p1"  # leased to spam, whose answer would not make its label
+    assert next_pair(server, "good")["pair_id"] == "g1"
+    answer(server, "g1", "good", "left")
+    pair = next_pair(server, "good")  # before, nothing (204) until spam's lease ran out
+    assert pair is not None and pair["pair_id"] == "p1" and pair["counted"], pair
+    answer(server, "p1", "good", "right")
+    assert [(x["pair_id"], x["choice"]) for x in labels(server)] == [("p1", "right")]
+
+
 def test_a_pair_whose_answers_count_again_gets_its_label_and_is_served_no_more(label_server, tmp_path):
     """A rater left out for missing golden pairs, who answers a pair and then gets back above the threshold: that
     answer counts again, so the pair has its label as if it had counted all along. It stayed open without one: a
