@@ -143,6 +143,11 @@ def load_grid(path):
     for value in steps:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SystemExit(f"error: the grid {path}'s 'steps' must be a positive whole number, not {value!r}")
+    if not isinstance(grid["script"], str):  # (a traceback of a path joined with a number, before)
+        raise SystemExit(
+            f"error: the grid {path}'s 'script' must be the path of a script in the repository, e.g. \"rlhf_ppo_mujoco.py\", "
+            f"not {grid['script']!r}"
+        )
     if not (ROOT / grid["script"]).is_file():
         raise SystemExit(f"error: the grid {path} names a script that is not in {ROOT}: {grid['script']}")
     if not isinstance(grid.get("note", ""), str):
@@ -537,8 +542,8 @@ def run_local(grid, sweep_dir, workers, indices):
             for task in [task for task in running if task.poll() is not None]:
                 name = running.pop(task)
                 print(f"{name}: {run_state(sweep_dir / name)} (exit {task.returncode})")
-                if task.returncode != 0:
-                    failed.append(name)
+                if task.returncode != 0 or run_state(sweep_dir / name) != "done":  # (a script stopped by a `kill` of
+                    failed.append(name)  # its own saves and exits 0, its task too: not done all the same)
             time.sleep(0.5)
     except KeyboardInterrupt:
         stopping.append(signal.SIGINT)
@@ -698,8 +703,13 @@ def write_report(grid, sweep_dir):
             # the finished seeds where there are any: cut to a stopped run's last step, they would read as early returns
             finished = [(steps, returns) for steps, returns, done in found[env][mode] if done]
             steps, returns = on_common_steps(finished or [(steps, returns) for steps, returns, _ in found[env][mode]])
-            mean, std = returns.mean(0), seeds_std(returns)
             label = "true reward" if mode == "true" else f"{mode[len('labels') :]} labels"
+            if not len(steps):  # e.g. a run under way started with other settings (`local` refuses to resume it)
+                seeds = f"{len(returns)} seeds{'' if finished else ' under way'}"
+                row = f"| {env} | {steps_of.get(env, 'default')} | {label} | {planned[env, mode]} ({len(finished)}) |"
+                table.append(f"{row} its {seeds} logged no step in common | | |")
+                continue
+            mean, std = returns.mean(0), seeds_std(returns)
             axis.plot(steps, mean, label=label, color=colors[mode])
             axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colors[mode])
             final = returns[:, -1]
@@ -821,9 +831,14 @@ def main():
         if stopped_by is None:
             write_report(grid, sweep_dir)
         if failed:
-            sys.exit(f"error: {len(failed)} run(s) not done: {', '.join(failed)} (why: above, and in their run.log)")
+            print(
+                f"error: {len(failed)} run(s) not done: {', '.join(failed)} (why: above, and in their run.log)",
+                file=sys.stderr,
+            )
         if stopped_by is not None:  # as a killed program ends: `sweep.py local A && sweep.py local B` stops at A
             sys.exit(128 + stopped_by)
+        if failed:
+            sys.exit(1)
     elif options.command == "slurm":
         submit_slurm(grid, sweep_dir, options, batch)
     elif options.command == "report":

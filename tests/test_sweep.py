@@ -291,6 +291,66 @@ def test_a_local_sweep_in_the_background_stops_its_runs_when_killed(tmp_path):
         stop_processes_under(tmp_path)
 
 
+def script_of(run_folder):
+    """The pid of the training script running in `run_folder` (the runner starts it there), once it runs."""
+
+    def running_there():
+        return processes(lambda proc: os.readlink(proc / "cwd") == str(run_folder))
+
+    assert wait_until(running_there, 60) and len(running_there()) == 1, running_there()
+    return running_there()[0]
+
+
+def test_a_run_stopped_by_something_else_than_the_sweep_is_named_as_not_done(tmp_path):
+    """`kill` of a training script (by hand, by a system's stop): the run saves and exits 0 like a finished one. The
+    sweep wrote its report and exited 0, as if the grid were complete."""
+    grid = write_grid(tmp_path, steps=50_000_000, feedback=["true"], flags=TINY_FLAGS + " --checkpoint-every 1")
+    out = tmp_path / "out"
+    log = out / "position__true__1" / "run.log"
+    local = subprocess.Popen(
+        [sys.executable, str(SWEEP), "local", str(grid), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: logged_steps(log), 180)
+        os.kill(script_of(out / "position__true__1"), signal.SIGTERM)
+        stdout, stderr = local.communicate(timeout=120)
+        assert local.returncode == 1 and "interrupted at step" in log.read_text(), stdout + stderr
+        assert "1 run(s) not done: position__true__1" in stderr, stderr
+        assert "| true reward | 1 (0) |" in (out / "table.md").read_text()  # its report counts the run as not done
+    finally:
+        stop_processes_under(tmp_path)
+
+
+def test_a_sweep_stopped_after_a_run_failed_exits_as_stopped_and_names_the_failed_run(tmp_path):
+    """A failed run, then the sweep stopped (`kill`): it exited 1, and a wrapper could not tell "stopped: resume" from
+    "failed". It exits 128 + 15 as a killed program, after naming the run that failed."""
+    grid = write_grid(tmp_path, steps=50_000_000, flags=TINY_FLAGS + " --checkpoint-every 1")
+    out = tmp_path / "out"
+    logs = [out / name / "run.log" for name in ("position__true__1", "position__labels30__1")]
+    local = subprocess.Popen(
+        [sys.executable, str(SWEEP), "local", str(grid), "--out", str(out), "--workers", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: all(logged_steps(log) for log in logs), 180)
+        os.kill(script_of(out / "position__true__1"), signal.SIGKILL)  # the run fails: no checkpoint of its end
+        assert wait_until(lambda: re.search(r"^# exit -9,", logs[0].read_text(), re.M), 60)
+        time.sleep(1)  # the sweep sees its task end
+        local.send_signal(signal.SIGTERM)
+        stdout, stderr = local.communicate(timeout=120)
+        assert local.returncode == 128 + signal.SIGTERM, stdout + stderr
+        assert "1 run(s) not done: position__true__1" in stderr and "interrupted at step" in logs[1].read_text(), stderr
+    finally:
+        stop_processes_under(tmp_path)
+
+
 def test_a_run_under_way_is_not_started_a_second_time(tmp_path):
     """A second sweep over the same folder (another terminal; a sweep started again while a killed one's runs go on)
     must leave a running run alone: two processes of one run would write one log and one checkpoint."""
@@ -506,6 +566,7 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
     "change, message",
     [
         ({"script": "rlhf_nothing.py"}, "names a script that is not in"),
+        ({"script": 5}, "'script' must be the path of a script in the repository, e.g. \"rlhf_ppo_mujoco.py\", not 5"),
         ({"feedback": ["true", "lots"]}, "feedback must be \"true\" or a positive number of labels, not 'lots'"),
         ({"envs": None}, "has no 'envs'"),  # (taken out below)
         ({"seeds": 3}, "seeds must be a list of whole numbers, not 3"),
@@ -976,6 +1037,22 @@ def report_of_finals(tmp_path, finals, under_way=()):
     result = sweep("report", grid, "--out", out)
     assert result.returncode == 0, result.stderr
     return (out / "table.md").read_text()
+
+
+def test_seeds_under_way_that_share_no_logged_step_get_a_row_that_says_so(tmp_path):
+    """Seeds under way that logged at different steps (one started under other settings, which `report` does not
+    check, only `local` does): the report crashed (IndexError) with no table."""
+    report_of_finals(tmp_path, {"true": [100.0, 120.0], "labels350": [90.0, 95.0]}, under_way=["labels350"])
+    out = tmp_path / "out"
+    (out / "Hopper-v4__labels350__2" / "run.log").write_text(
+        "step 1500, SPS 100, true return 10.0\nstep 2500, SPS 100, true return 95.0\n"
+    )
+    grid = tmp_path / "grid.json"
+    result = sweep("report", grid, "--out", out)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    table = (out / "table.md").read_text()
+    assert "| Hopper-v4 | 1536 (at 2000) | true reward | 3 (2) | 110 ± 14.1 |" in table, table
+    assert "| Hopper-v4 | 1536 | 350 labels | 3 (0) | its 2 seeds under way logged no step in common |" in table, table
 
 
 def ratio_and_standard_error(labelled, true):
