@@ -1373,22 +1373,26 @@ function status(info) {
 // that does not load takes only "can't tell" (as a crowd platform's "error" is imported), so no rater is stuck on it
 function ready() { return pair !== null && watched[0] && watched[1]; }
 function broken() { return pair !== null && (failed[0] || failed[1]); }
-function takes(choice) { return ready() || (broken() && choice === "cant_tell"); }
+function takes(choice) { return ready() || (broken() && choice === "cant_tell"); }  // (a clip seen whole counts)
 function brokenHint() {
   const which = failed[0] && failed[1] ? "Neither clip" : failed[0] ? "The left clip" : "The right clip";
   return `${which} did not load: only "Can't tell" (\u2193) is taken for this pair.`;
 }
 function showReady() {
   document.querySelectorAll("button[data-choice]").forEach((b) => { b.disabled = !takes(b.dataset.choice); });
-  if (broken()) $("hint").textContent = brokenHint();
-  else if (!ready()) $("hint").textContent ||= "Watch both clips to the end, then answer.";
-  else $("hint").textContent = "";
+  if (ready()) $("hint").textContent = "";
+  else if (broken()) $("hint").textContent = brokenHint();
+  else $("hint").textContent ||= "Watch both clips to the end, then answer.";
 }
 // the server takes PNG and GIF clips too (a crowd task's format), which a video cannot play: a clip the video refuses
 // is shown as an image, seen once it has loaded (a GIF's loops cannot be followed); one the image refuses too has failed
 function clipUrl(i) { return pair && (i ? pair.right_url : pair.left_url); }
 videos.forEach((v, i) => v.addEventListener("error", () => {
-  if (v.getAttribute("src") !== clipUrl(i)) return;  // an earlier pair's clip
+  if (v.getAttribute("src") !== clipUrl(i) || watched[i]) return;  // an earlier pair's clip, or one seen whole
+  if (v.error && v.error.code === MediaError.MEDIA_ERR_NETWORK) {  // the server blipped: load it again, not "broken"
+    setTimeout(() => { if (v.getAttribute("src") === clipUrl(i)) { v.load(); v.play().catch(() => {}); } }, 3000);
+    return;
+  }
   v.classList.add("hidden"); images[i].classList.remove("hidden"); images[i].src = clipUrl(i);
 }));
 images.forEach((img, i) => {
@@ -1499,7 +1503,9 @@ document.querySelectorAll("button").forEach((b) => b.addEventListener("mousedown
 document.querySelectorAll("button[data-choice]").forEach((b) => b.addEventListener("click", () => answer(b.dataset.choice)));
 $("undo").addEventListener("click", undo);
 $("rater").addEventListener("change", next);
-next();
+// the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
+if (left.canPlayType('video/webm; codecs="vp9"')) next();
+else show("This browser cannot play the clips (WebM video, VP9): open this page in Chrome, Edge or Firefox.");
 </script>
 </body></html>
 """
@@ -1815,7 +1821,7 @@ def main(args: Args) -> None:
         raise SystemExit(f"error: --timeout must be at most 86400 seconds, a day (got {args.timeout})")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"error: --port must be 0-65535, 0 for any free port (got {args.port})")
-    if min(args.max_json_bytes, args.max_clip_bytes) < 256:  # a pair's JSON alone is over 100 bytes
+    if min(args.max_json_bytes, args.max_clip_bytes) < 256:  # a bare pair's JSON is over 100 bytes (a trainer's ~500)
         raise SystemExit("error: --max-json-bytes and --max-clip-bytes must be at least 256")
     if args.public_url and not re.fullmatch(r"https?://[^/\s]+/?", args.public_url):
         raise SystemExit(
