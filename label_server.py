@@ -321,8 +321,8 @@ class LabelStore:
         return next((row for row in rows if self._available(row[1], golden, leased)), None)
 
     def _waiting(self, rater, leased):
-        """How many open pairs this rater may still be given: the open pairs, less those they answered and those held
-        back by other raters' leases. Under lease_lock and lock."""
+        """How many open pairs this rater may still be given: the open pairs, less those they answered, those held
+        back by other raters' leases and the golden pairs not due yet. Under lease_lock and lock."""
         answered_open = self.db.execute(
             # CROSS JOIN: SQLite walks the rater's answers (an index), not every open pair
             "SELECT COUNT(*) FROM answers a CROSS JOIN pairs p USING (pair_id) WHERE a.rater = ? AND p.open = 1",
@@ -337,7 +337,14 @@ class LabelStore:
             ).fetchone()
             if row and row[0] and not row[2] and not self._available(pair_id, row[1], leased):
                 held_back += 1
-        return self.open_count - answered_open - held_back
+        # golden pairs: one at its turn (one pair in every golden_every), none between
+        golden_open = self.db.execute(
+            "SELECT COUNT(*) FROM pairs p WHERE open = 1 AND golden IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM answers a WHERE a.pair_id = p.pair_id AND a.rater = ?)",
+            (rater,),
+        ).fetchone()[0]
+        golden_due = golden_open > 0 and self._answered(rater) % self.golden_every == 0
+        return self.open_count - answered_open - held_back - golden_open + golden_due
 
     def next_pair(self, rater):
         """The pair to show this rater, leased to them for lease_seconds; None if there is none."""

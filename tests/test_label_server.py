@@ -232,8 +232,10 @@ def test_golden_pairs_wait_their_turn_when_no_other_pair_is_waiting(label_server
         return served
 
     assert label_all("ann") == ["g0"]  # her first pair; then nothing until the trainer posts
+    assert server.call("GET", "/api/stats?rater=ann")[1]["waiting"] == 0  # the golden pairs not due are not waiting
     for i in range(6):
         post_pair(server, f"p{i}")
+    assert next_pair(server, "ann")["waiting"] == 6  # p0-p5; g1 is due only after four of them
     assert label_all("ann") == ["p0", "p1", "p2", "p3", "g1", "p4", "p5"]
 
 
