@@ -552,7 +552,8 @@ def run_local(grid, sweep_dir, workers, indices):
         for task in running:
             task.send_signal(signal.SIGTERM)
         for task, name in running.items():
-            task.wait()
+            if task.wait() != 0:  # it failed before the stop reached it (a task the stop ends exits 0)
+                failed.append(name)
             print(f"{name}: {run_state(sweep_dir / name)}")
     signal.signal(signal.SIGTERM, previous_handler)
     return (stopping[0] if stopping else None), failed

@@ -342,8 +342,7 @@ def test_a_sweep_stopped_after_a_run_failed_exits_as_stopped_and_names_the_faile
         assert wait_until(lambda: all(logged_steps(log) for log in logs), 180)
         os.kill(script_of(out / "position__true__1"), signal.SIGKILL)  # the run fails: no checkpoint of its end
         assert wait_until(lambda: re.search(r"^# exit -9,", logs[0].read_text(), re.M), 60)
-        time.sleep(1)  # the sweep sees its task end
-        local.send_signal(signal.SIGTERM)
+        local.send_signal(signal.SIGTERM)  # before or after the sweep has seen its task end: the same
         stdout, stderr = local.communicate(timeout=120)
         assert local.returncode == 128 + signal.SIGTERM, stdout + stderr
         assert "1 run(s) not done: position__true__1" in stderr and "interrupted at step" in logs[1].read_text(), stderr
