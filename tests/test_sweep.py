@@ -51,6 +51,12 @@ def sweep(*args, timeout=300, env=None):
     )
 
 
+def start_sweep(*args, stderr=subprocess.PIPE):
+    """`sweep.py ARGS` as a process in the background, its output read as text."""
+    command = [sys.executable, str(SWEEP), *map(str, args)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+
 def write_run_log(out, name, returns, done=True):
     """A run's folder as the runner leaves it: a progress line per 1000 steps with these true returns (and done.json)."""
     (out / name).mkdir(parents=True, exist_ok=True)
@@ -307,13 +313,7 @@ def test_a_run_stopped_by_something_else_than_the_sweep_is_named_as_not_done(tmp
     grid = write_grid(tmp_path, steps=50_000_000, feedback=["true"], flags=TINY_FLAGS + " --checkpoint-every 1")
     out = tmp_path / "out"
     log = out / "position__true__1" / "run.log"
-    local = subprocess.Popen(
-        [sys.executable, str(SWEEP), "local", str(grid), "--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    local = start_sweep("local", grid, "--out", out)
     try:
         assert wait_until(lambda: logged_steps(log), 180)
         os.kill(script_of(out / "position__true__1"), signal.SIGTERM)
@@ -331,13 +331,7 @@ def test_a_sweep_stopped_after_a_run_failed_exits_as_stopped_and_names_the_faile
     grid = write_grid(tmp_path, steps=50_000_000, flags=TINY_FLAGS + " --checkpoint-every 1")
     out = tmp_path / "out"
     logs = [out / name / "run.log" for name in ("position__true__1", "position__labels30__1")]
-    local = subprocess.Popen(
-        [sys.executable, str(SWEEP), "local", str(grid), "--out", str(out), "--workers", "2"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    local = start_sweep("local", grid, "--out", out, "--workers", 2)
     try:
         assert wait_until(lambda: all(logged_steps(log) for log in logs), 180)
         os.kill(script_of(out / "position__true__1"), signal.SIGKILL)  # the run fails: no checkpoint of its end
@@ -743,13 +737,7 @@ def test_a_local_sweep_runs_the_grid_it_started_with_when_the_grid_file_changes_
     """A local sweep runs its runs one after another, each as a task process: a grid file edited while it runs (a seed
     added in the middle, which shifts the runs' indices) must not change what its later tasks run."""
     grid, out = write_grid(tmp_path, feedback=["true"], seeds=[1, 3]), tmp_path / "out"
-    local = subprocess.Popen(
-        [sys.executable, str(SWEEP), "local", str(grid), "--out", str(out), "--workers", "1"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    local = start_sweep("local", grid, "--out", out, "--workers", 1, stderr=subprocess.STDOUT)
     try:
         assert wait_until(lambda: (out / "position__true__1" / "run.log").exists(), 120)
         write_grid(tmp_path, feedback=["true"], seeds=[1, 2, 3])  # index 1 was seed 3; now it is seed 2
