@@ -1406,8 +1406,11 @@ images.forEach((img, i) => {
   img.addEventListener("load", () => { if (img.getAttribute("src") === clipUrl(i)) { watched[i] = true; showReady(); } });
   img.addEventListener("error", () => { if (img.getAttribute("src") === clipUrl(i)) { failed[i] = true; showReady(); } });
 });
+// the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
+const PLAYABLE = Boolean(left.canPlayType('video/webm; codecs="vp9"'));
 async function next() {
   clearTimeout(retry); pair = null; showReady();
+  if (!PLAYABLE) { show("This browser cannot play the clips (WebM video, VP9): open this page in Chrome, Edge or Firefox."); return; }
   try {
     const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()), {headers: KEY});
     if (response.status === 204) {
@@ -1510,9 +1513,7 @@ document.querySelectorAll("button").forEach((b) => b.addEventListener("mousedown
 document.querySelectorAll("button[data-choice]").forEach((b) => b.addEventListener("click", () => answer(b.dataset.choice)));
 $("undo").addEventListener("click", undo);
 $("rater").addEventListener("change", next);
-// the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
-if (left.canPlayType('video/webm; codecs="vp9"')) next();
-else show("This browser cannot play the clips (WebM video, VP9): open this page in Chrome, Edge or Firefox.");
+next();
 </script>
 </body></html>
 """

@@ -462,6 +462,9 @@ def test_a_browser_that_cannot_play_the_clips_says_so_and_takes_no_pair(label_se
     try:
         browser.get(f"{server.url}/?rater={RATER}")
         message = wait_until(lambda: text_of(browser, "message"), "the page says why it shows no pair")
+        rater_field = browser.find_element("id", "rater")  # another name typed in asks for no pair either
+        rater_field.clear()
+        rater_field.send_keys("someone-else", webdriver.Keys.TAB)
     finally:
         browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": added["identifier"]})
     assert "cannot play the clips" in message and "Chrome" in message, message
