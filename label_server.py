@@ -1829,8 +1829,8 @@ def main(args: Args) -> None:
         raise SystemExit(f"error: --timeout must be at most 86400 seconds, a day (got {args.timeout})")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"error: --port must be 0-65535, 0 for any free port (got {args.port})")
-    if min(args.max_json_bytes, args.max_clip_bytes) < 256:  # a bare pair's JSON is over 100 bytes (a trainer's ~500)
-        raise SystemExit("error: --max-json-bytes and --max-clip-bytes must be at least 256")
+    if min(args.max_json_bytes, args.max_clip_bytes) < 1024:  # a trainer's pair is about 490 bytes of JSON
+        raise SystemExit("error: --max-json-bytes and --max-clip-bytes must be at least 1024")
     if args.public_url and not re.fullmatch(r"https?://[^/\s]+/?", args.public_url):
         raise SystemExit(
             f"error: --public-url must be a scheme and a host, like https://labels.example.org (got {args.public_url})"

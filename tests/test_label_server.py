@@ -386,7 +386,7 @@ def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(label_server, me
 
 
 def test_oversized_bodies_path_traversal_and_broken_requests(label_server):
-    server = label_server("--max-json-bytes", 1000, "--max-clip-bytes", 5000)
+    server = label_server("--max-json-bytes", 1024, "--max-clip-bytes", 5000)
     post_pair(server, "p1")
     status, reply = server.call("POST", "/api/pairs", raw=b"{" + b" " * 2000 + b"}")
     assert status == 413 and "over the limit" in reply["error"]
@@ -520,6 +520,7 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
         (["--port", "-1"], "--port"),
         (["--max-json-bytes", "0"], "--max-json-bytes"),  # started, then refused every pair with 413
         (["--max-clip-bytes", "0"], "--max-clip-bytes"),
+        (["--max-json-bytes", "500"], "--max-json-bytes"),  # a trainer's pair is about 490 bytes of JSON, more with metadata
         (["--public-url", "ftp://labels.example.org"], "--public-url"),
     ],
 )
@@ -1135,7 +1136,7 @@ def test_a_body_awaited_after_100_continue_holds_no_worker_and_is_cut_off_after_
 
 
 def test_a_body_trickling_into_a_worker_is_cut_off_after_the_timeout(label_server):
-    server = label_server("--timeout", 2, "--max-json-bytes", 1000, "--max-clip-bytes", 100000, "--quiet")
+    server = label_server("--timeout", 2, "--max-json-bytes", 1024, "--max-clip-bytes", 100000, "--quiet")
     # a clip, over the JSON limit: a worker reads its body; a byte every 0.1 s would renew a timeout per recv forever
     sock = half_sent(server.port, b"PUT /api/clips/c1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50000\r\n\r\n" + CLIP[:4])
     started = time.monotonic()
