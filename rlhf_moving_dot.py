@@ -1730,7 +1730,7 @@ if __name__ == "__main__":
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-        first_logged_step,  # RLHF: each start's settings at its mark (at step 0, every resume's would pile up there)
+        first_logged_step,  # Infrastructure: each start's settings at its mark (at step 0, every resume's piled up there)
     )
 
     # TRY NOT TO MODIFY: seeding

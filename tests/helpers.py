@@ -232,11 +232,14 @@ def scalars(run_dir):
     return {tag: [(e.step, make_ndarray(e.tensor_proto).item()) for e in events.Tensors(tag)] for tag in tags}
 
 
-def settings_tables(run_dir):
-    """The run's settings tables (the "hyperparameters" text) as TensorBoard shows them: [(step, markdown), ...]."""
+def assert_the_settings_show_once_per_start(run_dir, resumed_at):
+    """TensorBoard shows the run's settings table (the "hyperparameters" text) once per start: the new run's at its
+    first step, the run resumed at step `resumed_at` at the first step it logs."""
     events = EventAccumulator(str(run_dir), tensor_size_guidance={"text": 0})
     events.Reload()
-    return [(e.step, make_ndarray(e.tensor_proto).item().decode()) for e in events.Tensors("hyperparameters/text_summary")]
+    tables = [(e.step, make_ndarray(e.tensor_proto).item().decode()) for e in events.Tensors("hyperparameters/text_summary")]
+    assert [step for step, _ in tables] == [1, resumed_at + 1], tables
+    assert "|resume|None|" in tables[0][1] and f"|resume|{run_dir}|" in tables[1][1], tables
 
 
 # label_server.py, run as a process on a free port of 127.0.0.1
@@ -547,10 +550,7 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
     # rollout twice (the stopped run had logged its episodes too)
     every_end = range(episode_steps * envs, max(step for step, _ in ends) + 1, episode_steps * envs)
     assert Counter(step for step, _ in ends) == {step: envs for step in every_end}, ends
-    # and the settings once per start: the new run's at its first step, the resumed run's at the first step it logs
-    tables = settings_tables(run_dir)
-    assert [step for step, _ in tables] == [1, checkpoint_step(resumed.stdout) + 1], tables
-    assert "|resume|None|" in tables[0][1] and f"|resume|{run_dir}|" in tables[1][1], tables
+    assert_the_settings_show_once_per_start(run_dir, checkpoint_step(resumed.stdout))
 
 
 def checkpoint_step(stdout):

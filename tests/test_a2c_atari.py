@@ -34,7 +34,7 @@ from helpers import (
     only_run_dir,
     run_script,
     scalars,
-    settings_tables,
+    assert_the_settings_show_once_per_start,
     rating_by_script,
 )
 from PIL import Image
@@ -862,9 +862,7 @@ def test_tensorboard_shows_each_step_once_after_a_resume_that_redoes_a_label_rou
     logged = scalars(run_dir)
     for tag in ("losses/value_loss", "labels/total"):  # (labels/total is logged in pretraining too)
         assert [step for step, _ in logged[tag] if step > 2000] == list(range(2010, 6001, 10)), tag  # each RL iteration, once
-    tables = settings_tables(run_dir)  # the run's settings, once per start: at the first step each start logs
-    assert [step for step, _ in tables] == [1, stopped_at // 100 * 1000 + 1], tables
-    assert "|resume|None|" in tables[0][1] and f"|resume|{run_dir}|" in tables[1][1], tables
+    assert_the_settings_show_once_per_start(run_dir, stopped_at // 100 * 1000)
 
 
 @pytest.mark.slow

@@ -41,14 +41,19 @@ return Object.fromEntries(["left", "right"].map((id) => {
 """
 
 
-def webm_clip(path, shade):
-    """A 1.5 s clip written as the trainer writes its clips: a white square crossing a background of `shade`."""
+def square_frames(shade):
+    """1.5 s of frames: a white square crossing a background of `shade`."""
     frames = np.full((FRAMES, SIDE, SIDE, 3), shade, np.uint8)
     for t, frame in enumerate(frames):
         frame[40:56, 2 * t : 2 * t + 16] = 255
+    return frames
+
+
+def webm_clip(path, shade):
+    """A clip of square_frames(shade) written as the trainer writes its clips."""
     imageio.mimwrite(
         path,
-        frames,
+        square_frames(shade),
         fps=FPS,
         codec="libvpx-vp9",
         macro_block_size=1,
@@ -374,10 +379,8 @@ def test_another_sites_page_open_in_the_raters_browser_cannot_take_a_pair_in_an_
 
 
 def image_clip(kind, shade):
-    """A still PNG, or a GIF of a white square crossing a background of `shade` (clips the server accepts besides video)."""
-    frames = np.full((FRAMES, SIDE, SIDE, 3), shade, np.uint8)
-    for t, frame in enumerate(frames):
-        frame[40:56, 2 * t : 2 * t + 16] = 255
+    """A still PNG, or a GIF of square_frames(shade) (clips the server accepts besides video)."""
+    frames = square_frames(shade)
     return (
         imageio.imwrite("<bytes>", frames[0], format="png")
         if kind == "png"

@@ -59,6 +59,16 @@ def answers_and_label(server, pair_id):
     return [(a["rater"], a["choice"]) for a in pair["answers"]], pair["label"] and pair["label"]["choice"]
 
 
+def label_all(server, rater, golden_choice, choice):
+    """The rater answers every pair the server gives them, golden ones (ids "gold...") with `golden_choice`, the others
+    with `choice`; the pair ids in the order given."""
+    served = []
+    while (pair := next_pair(server, rater)) is not None:
+        served.append(pair["pair_id"])
+        answer(server, pair["pair_id"], rater, golden_choice if pair["pair_id"].startswith("gold") else choice)
+    return served
+
+
 def labels(server, experiment="exp", since=0):
     status, body = server.call("GET", f"/api/labels?experiment={experiment}&since={since}")
     assert status == 200, body
@@ -188,13 +198,6 @@ def test_golden_pairs_are_mixed_in_and_exclude_inaccurate_raters(label_server):
     for i in range(4):
         post_pair(server, f"p{i}")
 
-    def label_all(server, rater, golden_choice, choice):
-        served = []
-        while (pair := next_pair(server, rater)) is not None:
-            served.append(pair["pair_id"])
-            answer(server, pair["pair_id"], rater, golden_choice if pair["pair_id"].startswith("gold") else choice)
-        return served
-
     # one golden pair every second pair while any is left, starting with the first
     assert label_all(server, "good", "left", "right") == ["gold0", "p0", "gold1", "p1", "gold2", "p2", "p3"]
     assert all(x["choice"] == "right" for x in labels(server))  # golden pairs never reach the trainer
@@ -222,21 +225,14 @@ def test_golden_pairs_wait_their_turn_when_no_other_pair_is_waiting(label_server
     with or without other pairs waiting."""
     server = label_server("--golden-every", 5)
     for i in range(4):
-        post_pair(server, f"g{i}", golden="left")
+        post_pair(server, f"gold{i}", golden="left")
 
-    def label_all(rater):
-        served = []
-        while (pair := next_pair(server, rater)) is not None:
-            served.append(pair["pair_id"])
-            answer(server, pair["pair_id"], rater, "left")
-        return served
-
-    assert label_all("ann") == ["g0"]  # her first pair; then nothing until the trainer posts
+    assert label_all(server, "ann", "left", "left") == ["gold0"]  # her first pair; then nothing until the trainer posts
     assert server.call("GET", "/api/stats?rater=ann")[1]["waiting"] == 0  # the golden pairs not due are not waiting
     for i in range(6):
         post_pair(server, f"p{i}")
-    assert next_pair(server, "ann")["waiting"] == 6  # p0-p5; g1 is due only after four of them
-    assert label_all("ann") == ["p0", "p1", "p2", "p3", "g1", "p4", "p5"]
+    assert next_pair(server, "ann")["waiting"] == 6  # p0-p5; gold1 is due only after four of them
+    assert label_all(server, "ann", "left", "left") == ["p0", "p1", "p2", "p3", "gold1", "p4", "p5"]
 
 
 def test_a_rater_whose_answers_do_not_count_holds_no_pair_back_from_one_whose_do(label_server):

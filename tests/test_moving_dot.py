@@ -578,7 +578,13 @@ def test_an_offline_run_killed_while_fitting_labels_no_pair_twice(tmp_path):
     finally:
         trainer.kill()
     reader.join(timeout=30)
-    run_dot(tmp_path, f"--resume {only_run_dir(tmp_path)}")
+    # killed before its first checkpoint: nothing to resume, and nothing added to the database
+    resumed = run_dot(tmp_path, f"--resume {only_run_dir(tmp_path)}")
+    assert resumed.returncode == 1 and "no checkpoint at" in resumed.stderr, resumed.stderr[-2000:]
+    assert dot.PreferenceDatabase(str(database)).count(5) == 30
+    # started again on the same database: it takes the 30 labels there and asks for none
+    again = run_dot(tmp_path, TINY + f" --offline --preference-db {database}")
+    assert again.returncode == 0, again.stderr[-2000:]
     assert dot.PreferenceDatabase(str(database)).count(5) == 30
 
 
