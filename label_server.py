@@ -155,7 +155,9 @@ class LabelStore:
         # its next pair should not wait for a disk sync
         self.lease_of = {}  # rater -> (pair_id, monotonic expiry): the pair they were last given and have not answered
         self.lease_lock = threading.Lock()  # picking and leasing a pair is one step, or two raters could take one slot
-        self.seen = {}  # experiment -> monotonic time its trainer last posted a pair or polled labels
+        # experiment -> monotonic time its trainer last posted a pair or polled labels; under lock (a poll adding an
+        # experiment while `next_pair` walks them would break that rater's request)
+        self.seen = {}
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
@@ -207,8 +209,8 @@ class LabelStore:
 
     def add_pair(self, pair):
         """Returns True if the pair is new, False if the same pair was posted before (harmless)."""
-        self.seen[pair["experiment"]] = time.monotonic()
         with self.lock:
+            self.seen[pair["experiment"]] = time.monotonic()
             missing = [c for c in (pair["left_clip"], pair["right_clip"]) if not self._has_clip(c)]
             if missing:
                 raise ApiError(HTTPStatus.NOT_FOUND, f"unknown clip: {missing[0]} (upload it with PUT /api/clips/<id>)")
@@ -244,7 +246,7 @@ class LabelStore:
                 self.db.execute("INSERT OR REPLACE INTO closed_experiments VALUES (?, ?)", (experiment, time.time()))
                 closed = self.db.execute("UPDATE pairs SET open = 0 WHERE experiment = ? AND open = 1", (experiment,)).rowcount
             self.open_count -= closed
-        self.seen.pop(experiment, None)
+            self.seen.pop(experiment, None)
         return closed
 
     def keep_open(self, experiment, pair_ids):
@@ -526,7 +528,8 @@ class LabelStore:
     def labels_since(self, experiment, since, limit=1000):
         """The experiment's labels after sequence number `since`, up to the first one still young enough to be taken
         back (labels are numbered in the order they are made, so none is skipped)."""
-        self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
+        with self.lock:
+            self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
         # up to the first label still young enough to be taken back, by sequence number, not by clock time (the
         # trainer asks for labels after the last number it has: none may be passed over, even if the clock stepped back)
         rows = self._read(

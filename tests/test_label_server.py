@@ -1424,6 +1424,47 @@ def test_the_queue_is_walked_through_indexes_never_scanned(tmp_path):
         assert not any(step.startswith("SCAN") for step in plan), (sql, plan)
 
 
+TRAINER_CALLS = {  # what a trainer's request does to the experiments marked as still wanted -> the marks after it
+    "polls labels": (lambda store: store.labels_since("new", 0), ["old1", "old2", "new"]),
+    "posts a pair": (
+        lambda store: store.add_pair(
+            {"experiment": "new", "pair_id": "p", "left_clip": "c", "right_clip": "c", "instruction": "Which?"}
+            | {"metadata": {}, "golden": None}
+        ),
+        ["old1", "old2", "new"],
+    ),
+    "closes its run": (lambda store: store.close_experiment("old2"), ["old1"]),
+}
+
+
+@pytest.mark.parametrize("trainer_call", TRAINER_CALLS)
+def test_a_trainer_request_while_a_rater_gets_a_pair_never_breaks_either(tmp_path, trainer_call):
+    """A trainer's request marks its experiment as still wanted (or, at its run's end, no longer); a rater's `next`
+    walks those marks to put live experiments first. The two run in different request threads: a trainer's request
+    in the middle of that walk must not break the rater's (a 500, "dictionary changed size during iteration"). The
+    marks here pause their walk after the first one while the trainer's request runs (0.2 s at most): the moment such a
+    request would land inside the walk, made to happen every time."""
+    call, marks_after = TRAINER_CALLS[trainer_call]
+    store = ls.LabelStore(str(tmp_path / "seen.sqlite"), live_seconds=0.0)  # no experiment live: no pair served
+    store.put_clip("c", "video/webm", CLIP)
+    trainer = threading.Thread(target=call, args=(store,))
+
+    class MarksThatPauseMidWalk(dict):
+        def items(self):
+            walk = iter(dict.items(self))
+            yield next(walk)
+            trainer.start()
+            trainer.join(0.2)
+            yield from walk
+
+    store.seen = MarksThatPauseMidWalk(old1=0.0, old2=0.0)
+    try:
+        assert store.next_pair("ann") is None
+    finally:
+        trainer.join()
+    assert list(store.seen) == marks_after  # the trainer's request was not lost, only waited for the walk
+
+
 def download(server, path, token=None):
     """(status, text) of a GET whose reply is not one JSON document (JSON lines, CSV, TSV)."""
     request = urllib.request.Request(server.url + path, headers={"Authorization": f"Bearer {token or server.token}"})
