@@ -30,5 +30,5 @@ def label_server(tmp_path):
 
 def pytest_collection_modifyitems(items):
     # the Slurm tests (xdist_group "slurm", test_sweep.py) spend about two minutes waiting for Slurm: run them first,
-    # so that under `pytest -n 2` the other worker's tests fill that wait instead of the run ending on it
+    # so that under `pytest -n 3` the other workers' tests fill that wait instead of the run ending on it
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

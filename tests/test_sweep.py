@@ -750,7 +750,7 @@ def test_a_local_sweep_runs_the_grid_it_started_with_when_the_grid_file_changes_
 
 
 # --- a one-node Slurm cluster of the test's own: munge, slurmctld and slurmd on free ports, files in tmp_path -------
-# The tests that use it share the xdist_group "slurm", so that under `pytest -n 2` they run one after the other: two
+# The tests that use it share the xdist_group "slurm", so that under `pytest -n 3` they run one after the other: two
 # such clusters on one host at once were never tried.
 SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue")
 
