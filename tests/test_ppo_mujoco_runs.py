@@ -470,9 +470,11 @@ def test_capture_video_writes_playable_clips(tmp_path):
 def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_none(tmp_path):
     # environment 0 films episodes 0, 1 and 8 (Hopper's falls end them within 20-60 steps of a new policy): the stop
     # comes after episodes 0 and 1 were saved, in the run's first RL iterations
-    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --feedback true-reward --capture-video"
+    # (7 frames a clip: software rendering is slow, and what is checked is which episodes are saved, not their length)
+    filming = " --capture-video --video-seconds 0.05"
+    args = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --feedback true-reward" + filming
     # (the video flags are the resuming command's own)
-    assert_a_resumed_run_keeps_its_videos(tmp_path, args + " --save-model", resume_flags="--capture-video")
+    assert_a_resumed_run_keeps_its_videos(tmp_path, args + " --save-model", resume_flags=filming)
 
 
 @pytest.mark.slow
@@ -481,7 +483,8 @@ def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
     # stopped; resumed filming again: the third part's videos follow the first part's instead of replacing them
     # (16384 steps: environment 0, the one filmed, reaches episode 27 in the third part)
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 16384") + " --feedback true-reward --save-model"
-    out, err = interrupt_run(tmp_path, args + " --capture-video", "step ", sig=signal.SIGTERM)
+    filming = " --capture-video --video-seconds 0.05"  # 7 frames a clip: which episodes are saved is what is checked
+    out, err = interrupt_run(tmp_path, args + filming, "step ", sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     filmed = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
@@ -489,7 +492,7 @@ def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
     out, err = interrupt_run(tmp_path, f"--resume {run_dir}", "step ", sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     assert {video.name for video in (run_dir / "videos").iterdir()} == set(filmed)  # nothing filmed meanwhile
-    resumed = run_script(tmp_path, f"--resume {run_dir} --capture-video")
+    resumed = run_script(tmp_path, f"--resume {run_dir}{filming}")
     assert resumed.returncode == 0, resumed.stderr
     after = {video.name: video.read_bytes() for video in (run_dir / "videos").iterdir()}
     assert {name: after[name] for name in filmed} == filmed  # (the code before restarted at episode 0 here)
