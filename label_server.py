@@ -1399,16 +1399,29 @@ function showReady() {
 function clipUrl(i) { return pair && (i ? pair.right_url : pair.left_url); }
 videos.forEach((v, i) => v.addEventListener("error", () => {
   if (v.getAttribute("src") !== clipUrl(i) || watched[i]) return;  // an earlier pair's clip, or one seen whole
-  if (v.error && v.error.code === MediaError.MEDIA_ERR_NETWORK) {  // the server blipped: load it again, not "broken"
-    setTimeout(() => { if (v.getAttribute("src") === clipUrl(i)) { v.load(); v.play().catch(() => {}); } }, 3000);
-    return;
-  }
+  if (v.error && v.error.code === MediaError.MEDIA_ERR_NETWORK) { fetchAgain(i); return; }  // cut off while loading
   v.classList.add("hidden"); images[i].classList.remove("hidden"); images[i].src = clipUrl(i);
 }));
 images.forEach((img, i) => {
   img.addEventListener("load", () => { if (img.getAttribute("src") === clipUrl(i)) { watched[i] = true; showReady(); } });
-  img.addEventListener("error", () => { if (img.getAttribute("src") === clipUrl(i)) { failed[i] = true; showReady(); } });
+  img.addEventListener("error", () => { if (img.getAttribute("src") === clipUrl(i)) neitherPlaysNorShows(i); });
 });
+// a request that got no answer fails a video as a broken file does: only a clip the server sends is called broken;
+// one it could not send (restarting, the network gone, overloaded) is fetched again in 3 s, as a video, until it comes
+async function neitherPlaysNorShows(i) {
+  const url = clipUrl(i);
+  let sent = false;
+  try { sent = (await fetch(url, {headers: KEY})).status < 500; } catch (error) { /* no answer: not sent */ }
+  if (url !== clipUrl(i)) return;  // another pair by now
+  if (sent) { failed[i] = true; showReady(); return; }
+  images[i].classList.add("hidden"); images[i].removeAttribute("src"); videos[i].classList.remove("hidden");
+  fetchAgain(i);
+}
+function fetchAgain(i) {
+  const url = clipUrl(i);
+  $("hint").textContent = "The label server did not send a clip: trying again...";
+  setTimeout(() => { if (clipUrl(i) === url) { $("hint").textContent = ""; showReady(); videos[i].load(); videos[i].play().catch(() => {}); } }, 3000);
+}
 // the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
 const PLAYABLE = Boolean(left.canPlayType('video/webm; codecs="vp9"'));
 async function next() {

@@ -5,8 +5,9 @@ API and the SQLite file; once every pair is answered the page says so and counts
 rater whose golden-pair answers exclude them that their answers no longer count. A rater's time
 and answers are not wasted: no answer before both clips have played through, from a held key or from Enter/Space after
 a click; Backspace takes the last answer back; an answer given while the server is down stays on the page and is sent
-when it is back; PNG and GIF clips show as images; a pair with a clip that does not load takes "can't tell" only;
-clips, question, buttons and key legend fit laptop windows without scrolling."""
+when it is back; PNG and GIF clips show as images; a pair with a clip that does not load takes "can't tell" only, a
+clip the server did not send is fetched again; clips, question, buttons and key legend fit laptop windows without
+scrolling."""
 
 import sqlite3
 import time
@@ -473,3 +474,27 @@ def test_a_browser_that_cannot_play_the_clips_says_so_and_takes_no_pair(label_se
     assert "cannot play the clips" in message and "Chrome" in message, message
     time.sleep(0.5)
     assert server.call("GET", "/api/pairs/next?rater=other")[1]["pair_id"] == pair["pair_id"]  # not leased to the page
+
+
+def test_a_clip_that_cannot_be_fetched_is_fetched_again_not_called_broken(label_server, clips, browser):
+    """A clip request that gets no answer (the label server restarting, the network gone for a moment) fails the video
+    as a broken file does; the page took it for one, and the rater could only answer "can't tell", a label lost. The
+    page tries again every 3 s and the pair takes every answer once both clips have played."""
+    server = label_server()
+    (pair,) = post_pairs(server, clips, 1)
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": [f"*/clips/{pair['right_clip']}"]})
+    try:
+        browser.get(f"{server.url}/?rater={RATER}")
+        wait_until(lambda: videos(browser)["right"]["src"] == f"/clips/{pair['right_clip']}", "the page shows the pair")
+        time.sleep(4)  # a failed fetch, and one try again after 3 s
+        hint = text_of(browser, "hint")
+        assert "did not load" not in hint and browser.find_element("id", "right").is_displayed(), hint
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+        browser.execute_cdp_cmd("Network.disable", {})
+    wait_until(lambda: videos(browser)["right"]["ready"] >= 2, "the clip is fetched again", show=lambda: videos(browser))
+    show_pair(browser, pair)
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    wait_until(lambda: answers_in_database(server.db) == [(pair["pair_id"], RATER, "right")], "the answer is recorded")
