@@ -1370,6 +1370,7 @@ $("rater").readOnly = Boolean(key);
 $("rater").value = key ? "" : params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
 let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
 let failed = [false, false];  // a clip that neither a video nor an image can show
+let refetching = [false, false], playedAgain = [false, false];  // a clip the server did not send; one tried once more
 function rater() { if (!key) localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
 function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
 function notice(text) { $("notice").textContent = text; }
@@ -1388,11 +1389,14 @@ function brokenHint() {
   const which = failed[0] && failed[1] ? "Neither clip" : failed[0] ? "The left clip" : "The right clip";
   return `${which} did not load: only "Can't tell" (\u2193) is taken for this pair.`;
 }
+const TRYING = "The label server did not send a clip: trying again...";
 function showReady() {
   document.querySelectorAll("button[data-choice]").forEach((b) => { b.disabled = !takes(b.dataset.choice); });
-  if (ready()) $("hint").textContent = "";
-  else if (broken()) $("hint").textContent = brokenHint();
-  else $("hint").textContent ||= "Watch both clips to the end, then answer.";
+  const hint = $("hint");
+  if (ready()) hint.textContent = "";
+  else if (broken()) hint.textContent = brokenHint();
+  else if (refetching[0] || refetching[1]) hint.textContent = TRYING;
+  else if (!hint.textContent || hint.textContent === TRYING) hint.textContent = "Watch both clips to the end, then answer.";
 }
 // the server takes PNG and GIF clips too (a crowd task's format), which a video cannot play: a clip the video refuses
 // is shown as an image, seen once it has loaded (a GIF's loops cannot be followed); one the image refuses too has failed
@@ -1402,30 +1406,45 @@ videos.forEach((v, i) => v.addEventListener("error", () => {
   if (v.error && v.error.code === MediaError.MEDIA_ERR_NETWORK) { fetchAgain(i); return; }  // cut off while loading
   v.classList.add("hidden"); images[i].classList.remove("hidden"); images[i].src = clipUrl(i);
 }));
+videos.forEach((v, i) => v.addEventListener("loadeddata", () => {
+  if (v.getAttribute("src") === clipUrl(i)) { refetching[i] = false; showReady(); }
+}));
 images.forEach((img, i) => {
-  img.addEventListener("load", () => { if (img.getAttribute("src") === clipUrl(i)) { watched[i] = true; showReady(); } });
+  img.addEventListener("load", () => {
+    if (img.getAttribute("src") === clipUrl(i)) { watched[i] = true; refetching[i] = false; showReady(); }
+  });
   img.addEventListener("error", () => { if (img.getAttribute("src") === clipUrl(i)) neitherPlaysNorShows(i); });
 });
 // a request that got no answer fails a video as a broken file does: only a clip the server sends is called broken;
-// one it could not send (restarting, the network gone, overloaded) is fetched again in 3 s, as a video, until it comes
+// one it could not send (restarting, the network gone, a proxy's 502-504) is fetched again every 3 s until it comes. A
+// clip the server sends is played once more first (the server may have come back just before it was asked); one it
+// sends and no browser can show, or fails on every time (a 500: its own fault), then takes only "can't tell"
 async function neitherPlaysNorShows(i) {
-  const url = clipUrl(i);
+  const shown = pair;
   let sent = false;
-  try { sent = (await fetch(url, {headers: KEY})).status < 500; } catch (error) { /* no answer: not sent */ }
-  if (url !== clipUrl(i)) return;  // another pair by now
-  if (sent) { failed[i] = true; showReady(); return; }
-  images[i].classList.add("hidden"); images[i].removeAttribute("src"); videos[i].classList.remove("hidden");
-  fetchAgain(i);
+  try {
+    const response = await fetch(clipUrl(i), {headers: KEY});
+    response.body?.cancel().catch(() => {});  // whether it came is all this asks: not the whole clip again
+    sent = ![502, 503, 504].includes(response.status);
+  } catch (error) { /* no answer: not sent */ }
+  if (pair !== shown) return;  // another pair by now
+  if (!sent) fetchAgain(i);
+  else if (!playedAgain[i]) { playedAgain[i] = true; playAgain(i); }
+  else { failed[i] = true; showReady(); }
 }
 function fetchAgain(i) {
-  const url = clipUrl(i);
-  $("hint").textContent = "The label server did not send a clip: trying again...";
-  setTimeout(() => { if (clipUrl(i) === url) { $("hint").textContent = ""; showReady(); videos[i].load(); videos[i].play().catch(() => {}); } }, 3000);
+  const shown = pair;
+  refetching[i] = true; showReady();
+  setTimeout(() => { if (pair === shown) playAgain(i); }, 3000);
+}
+function playAgain(i) {  // the clip as a video again, from the server
+  images[i].classList.add("hidden"); images[i].removeAttribute("src"); videos[i].classList.remove("hidden");
+  videos[i].load(); videos[i].play().catch(() => {});
 }
 // the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
 const PLAYABLE = Boolean(left.canPlayType('video/webm; codecs="vp9"'));
 async function next() {
-  clearTimeout(retry); pair = null; showReady();
+  clearTimeout(retry); pair = null; refetching = [false, false]; showReady();
   if (!PLAYABLE) { show("This browser cannot play the clips (WebM video, VP9): open this page in Chrome, Edge or Firefox."); return; }
   try {
     const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()), {headers: KEY});
@@ -1442,7 +1461,7 @@ async function next() {
   $("instruction").textContent = pair.instruction;
   status(pair);
   $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
-  watched = [false, false]; failed = [false, false]; $("hint").textContent = ""; showReady();
+  watched = [false, false]; failed = [false, false]; playedAgain = [false, false]; $("hint").textContent = ""; showReady();
   images.forEach((img) => { img.classList.add("hidden"); img.removeAttribute("src"); });
   videos.forEach((v) => v.classList.remove("hidden"));
   left.src = pair.left_url; right.src = pair.right_url;

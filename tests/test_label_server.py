@@ -1448,6 +1448,7 @@ def test_a_trainer_request_while_a_rater_gets_a_pair_never_breaks_either(tmp_pat
     store = ls.LabelStore(str(tmp_path / "seen.sqlite"), live_seconds=0.0)  # no experiment live: no pair served
     store.put_clip("c", "video/webm", CLIP)
     trainer = threading.Thread(target=call, args=(store,))
+    waiting_mid_walk = []
 
     class MarksThatPauseMidWalk(dict):
         def items(self):
@@ -1455,14 +1456,17 @@ def test_a_trainer_request_while_a_rater_gets_a_pair_never_breaks_either(tmp_pat
             yield next(walk)
             trainer.start()
             trainer.join(0.2)
+            waiting_mid_walk.append(trainer.is_alive())
             yield from walk
 
     store.seen = MarksThatPauseMidWalk(old1=0.0, old2=0.0)
     try:
         assert store.next_pair("ann") is None
     finally:
-        trainer.join()
-    assert list(store.seen) == marks_after  # the trainer's request was not lost, only waited for the walk
+        if trainer.ident is not None:  # started by the walk
+            trainer.join()
+    assert waiting_mid_walk == [True]  # the trainer's request waited for the walk to end...
+    assert list(store.seen) == marks_after  # ...and was not lost
 
 
 def download(server, path, token=None):
