@@ -1578,6 +1578,20 @@ def save_checkpoint(path, args, agent, optimizer, obs_rms, return_rms, reward_tr
     os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the old one
 
 
+def claim_new_run_dir(run_dir):
+    """Makes a new run's folder, runs/NAME__SECOND (the second it started in). A run of the same NAME started in the same
+    second (a shell loop starting a true-reward and a labelled run) may have made it already: this run then takes the
+    next free second's name rather than write its checkpoint, labels and logs over that run's."""
+    name, second = run_dir.rsplit("__", 1)
+    second = int(second)
+    while True:
+        try:
+            os.makedirs(f"{name}__{second}")
+            return f"{name}__{second}"
+        except FileExistsError:
+            second += 1
+
+
 def load_checkpoint(run_dir):
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     if not os.path.isfile(checkpoint_path):
@@ -1788,7 +1802,8 @@ if __name__ == "__main__":
     validate_args(args, run_dir)
     rlhf = args.feedback != "true-reward"
     env_kwargs = json.loads(args.env_kwargs)
-    os.makedirs(run_dir, exist_ok=True)
+    if not args.resume:  # Infrastructure: a folder of its own, even beside a run of its name started this second
+        run_dir = claim_new_run_dir(run_dir)
     # Infrastructure: each run marks the step it starts logging at; TensorBoard hides what a stopped run logged from a
     # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
     first_logged_step = 1 + (checkpoint["global_step"] if checkpoint else 0)

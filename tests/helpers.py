@@ -119,6 +119,25 @@ def assert_a_resumed_run_keeps_its_videos(cwd, args, script=SCRIPT, resume_flags
     assert sorted(after) == sorted(video.name for video in (only_run_dir(cwd / "whole") / "videos").iterdir())
 
 
+def assert_a_new_run_never_writes_into_another_runs_folder(cwd, args, name, script=SCRIPT):
+    """A new run's folder is runs/NAME__SECOND, the second it started in: two runs of one NAME (task, --exp-name, seed)
+    started in the same second, as a shell loop starts a true-reward run and a labelled one, took one folder, the later
+    one's checkpoint, labels and TensorBoard files over the earlier one's. Here the other runs' folders are made for
+    each of the next 60 seconds before the run starts: the run must take a folder of its own and touch none of theirs."""
+    now = int(time.time())
+    others = [cwd / "runs" / f"{name}__{second}" for second in range(now, now + 60)]
+    for folder in others:
+        folder.mkdir(parents=True)
+        (folder / "another-run.txt").write_text("")
+    result = run_script(cwd, args, script=script)
+    assert result.returncode == 0, result.stderr
+    written_into = [folder.name for folder in others if [path.name for path in folder.iterdir()] != ["another-run.txt"]]
+    assert written_into == []
+    (own,) = set((cwd / "runs").iterdir()) - set(others)
+    assert own.name.startswith(f"{name}__")
+    assert any(path.name.startswith("events.out.tfevents") for path in own.iterdir())
+
+
 def assert_clear_error(result, message):
     """The script stopped with `message` on stderr, not with a traceback."""
     assert result.returncode != 0

@@ -20,6 +20,7 @@ from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
+    assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
@@ -735,6 +736,12 @@ def test_a_run_folder_given_as_a_dot_keeps_its_name_as_the_experiment(tmp_path, 
         monkeypatch,
         lambda run_dir: atari.make_teacher(atari.Args(feedback="human", label_server="http://127.0.0.1:9"), run_dir, None),
     )
+
+
+def test_a_new_run_never_writes_into_the_folder_of_a_run_of_its_name_started_in_the_same_second(tmp_path):
+    args = "--total-timesteps 40 --num-envs 2 --feedback true-reward --noop-max 2 --threads 1 --exp-name clash --seed 3"
+    name = f"{atari.Args.env.replace('/', '-')}__clash__3"
+    assert_a_new_run_never_writes_into_another_runs_folder(tmp_path, args, name, SCRIPT)
 
 
 def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_twice(tmp_path, label_server, monkeypatch):

@@ -25,6 +25,7 @@ from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
+    assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_resumed_run_keeps_its_videos,
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
@@ -702,6 +703,11 @@ def test_a_run_folder_given_as_a_dot_keeps_its_name_as_the_experiment(tmp_path, 
     assert_a_run_folder_given_as_a_dot_keeps_its_name(
         tmp_path, monkeypatch, lambda run_dir: dot.HumanTeacher(run_dir, "http://127.0.0.1:9", None, "Which?")
     )
+
+
+def test_a_new_run_never_writes_into_the_folder_of_a_run_of_its_name_started_in_the_same_second(tmp_path):
+    args = "--total-timesteps 512 --num-envs 4 --num-steps 64 --feedback true-reward --exp-name clash --seed 3"
+    assert_a_new_run_never_writes_into_another_runs_folder(tmp_path, args, "MovingDot-v0-position__clash__3", SCRIPT)
 
 
 def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_twice(tmp_path, label_server, monkeypatch):
