@@ -131,8 +131,8 @@ ctypes.CDLL.__init__ = load_all_but_egl
 
 
 def test_a_new_run_never_writes_into_the_folder_of_a_run_of_its_name_started_in_the_same_second(tmp_path):
-    args = "--env Hopper-v4 --total-timesteps 512 --num-envs 8 --num-steps 64 --feedback true-reward --exp-name clash"
-    assert_a_new_run_never_writes_into_another_runs_folder(tmp_path, args + " --seed 3", "Hopper-v4__clash__3")
+    args = "--env Hopper-v4 --total-timesteps 512 --num-envs 8 --num-steps 64 --feedback true-reward --exp-name clash --seed 3"
+    assert_a_new_run_never_writes_into_another_runs_folder(tmp_path, args, "Hopper-v4__clash__3")
 
 
 def test_a_machine_without_egl_runs_the_script_when_nothing_is_rendered(tmp_path):
