@@ -4,8 +4,6 @@ offline, human through a live label server); and learning from preferences alone
 
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -58,8 +56,8 @@ TINY = (
 TINY += " --pretrain-epochs 5 --reward-eval-every 2"
 
 
-def run_dot(cwd, args, timeout=300):
-    return run_script(cwd, args, timeout, script=SCRIPT)
+def run_dot(cwd, args, timeout=300, cold=False):
+    return run_script(cwd, args, timeout, script=SCRIPT, cold=cold)
 
 
 def dot_env(position, observation="position"):
@@ -566,7 +564,7 @@ def test_an_offline_run_killed_while_fitting_labels_no_pair_twice(tmp_path):
     args = (
         TINY.replace("--pretrain-epochs 5", "--pretrain-epochs 2000") + f" --offline --preference-db {database} --save-model"
     )
-    trainer, output, reader = start_trainer(tmp_path, args, SCRIPT)
+    trainer, output, reader = start_trainer(tmp_path, args, SCRIPT, cold=True)  # killed at a chosen moment
     try:
         deadline = time.time() + 120
         while not (database.exists() and dot.PreferenceDatabase(str(database)).count(5) == 30):  # every label in
@@ -594,9 +592,7 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     server = label_server()
     args = TINY + f" --feedback human --label-server {server.url} --pretrain-fraction 0.5 --save-model"
     with rating_by_script(server) as answered:
-        trainer = subprocess.run(
-            [sys.executable, str(SCRIPT), *args.split()], cwd=tmp_path, capture_output=True, text=True, timeout=600
-        )
+        trainer = run_script(tmp_path, args, timeout=600, script=SCRIPT)
     assert trainer.returncode == 0, trainer.stdout + trainer.stderr
     assert "labels 15/15 from the initial policy" in trainer.stdout
     assert_the_finished_run_closed_its_pairs(server, only_run_dir(tmp_path), trainer.stdout)
@@ -881,7 +877,9 @@ def test_a_pixel_checkpoint_from_before_reward_form_resumes_with_its_action_form
 @pytest.fixture(scope="module")
 def uninterrupted_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("uninterrupted")
-    result = run_dot(cwd, LONG + " --save-model")
+    result = run_dot(
+        cwd, LONG + " --save-model", cold=True
+    )  # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
     assert result.returncode == 0, result.stderr
     return only_run_dir(cwd), result.stdout
 
