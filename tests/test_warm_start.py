@@ -34,6 +34,12 @@ sys.exit({"exit": 3, "message": "stopped by message"}.get(mode))
 """
 
 
+@pytest.fixture(autouse=True)
+def warm_by_default(monkeypatch):
+    """These tests are about warm runs: RLHF_TESTS_COLD=1 (the whole suite cold) does not make them cold."""
+    monkeypatch.delenv("RLHF_TESTS_COLD", raising=False)
+
+
 @pytest.fixture
 def probe(tmp_path):
     script = tmp_path / "probe.py"
@@ -103,7 +109,9 @@ def test_a_warm_run_whose_starting_command_is_killed_dies_with_it(probe, tmp_pat
     seen = b""
     while seen.count(b"\n") < 3:  # "name ...", "env ... stdin", "waiting"
         assert select.select([run.stdout], [], [], 30)[0], seen
-        seen += os.read(run.stdout.fileno(), 4096)
+        chunk = os.read(run.stdout.fileno(), 4096)
+        assert chunk, seen  # (the pipe's end: the run ended before waiting)
+        seen += chunk
     run.kill()
     started = time.time()
     assert select.select([run.stdout], [], [], 10)[0] and run.stdout.read() == b""  # the pipe's end: the run's end
