@@ -109,9 +109,8 @@ def assert_a_resumed_run_keeps_its_videos(cwd, args, script=SCRIPT, resume_flags
     the videos saved before the stop stay as they were, and the episodes after it get the numbers they get in the run
     uninterrupted."""
     (cwd / "whole").mkdir(), (cwd / "stopped").mkdir()
-    whole = run_script(
-        cwd / "whole", args, script=script, cold=True
-    )  # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    whole = run_script(cwd / "whole", args, script=script, cold=True)
     assert whole.returncode == 0, whole.stderr
     out, err = interrupt_run(cwd / "stopped", args, "step ", script, sig=signal.SIGTERM)
     assert "interrupted at step" in out, err

@@ -544,9 +544,8 @@ def test_reward_model_trains_in_its_own_thread_and_a_repeated_run_ends_the_same(
     checkpoints = []
     for name in ("first", "second"):
         (tmp_path / name).mkdir()
-        result = run_atari(
-            tmp_path / name, TINY + " --save-model", cold=name == "first"
-        )  # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+        # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+        result = run_atari(tmp_path / name, TINY + " --save-model", cold=name == "first")
         assert result.returncode == 0, result.stderr
         checkpoints.append(torch.load(only_run_dir(tmp_path / name) / "checkpoint.pt", weights_only=False))
     first, second = checkpoints
@@ -886,9 +885,8 @@ def test_a_resumed_run_continues_every_random_stream_as_if_it_had_never_stopped(
     args += " --label-buffer 10"  # the buffer holds fewer labels than the budget: it is still spent exactly
     for name in ("whole", "stopped"):
         (tmp_path / name).mkdir()
-    whole = run_atari(
-        tmp_path / "whole", args, cold=True
-    )  # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    whole = run_atari(tmp_path / "whole", args, cold=True)
     assert whole.returncode == 0, whole.stderr
     whole_dir = only_run_dir(tmp_path / "whole")
     assert "charts/episodic_return" not in scalars(whole_dir)  # no game ended: the premise of the comparison

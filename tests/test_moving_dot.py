@@ -877,9 +877,8 @@ def test_a_pixel_checkpoint_from_before_reward_form_resumes_with_its_action_form
 @pytest.fixture(scope="module")
 def uninterrupted_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("uninterrupted")
-    result = run_dot(
-        cwd, LONG + " --save-model", cold=True
-    )  # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    result = run_dot(cwd, LONG + " --save-model", cold=True)
     assert result.returncode == 0, result.stderr
     return only_run_dir(cwd), result.stdout
 

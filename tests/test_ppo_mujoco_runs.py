@@ -190,9 +190,8 @@ def test_a_stopped_and_resumed_run_ends_exactly_as_the_same_run_uninterrupted(tm
     args = STOPPABLE.replace("Hopper-v4", env_id) + device_flag + " --reward-dropout 0.5"  # the dropout stream too
     args += " --pair-pool-rollouts 3"  # and the pair pool, with rollouts from before the stop
     (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
-    whole = run_script(
-        tmp_path / "whole", args, timeout=600, cold=True
-    )  # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    # cold: a run from a fresh interpreter, the other from the zygote (warm_start.py)
+    whole = run_script(tmp_path / "whole", args, timeout=600, cold=True)
     assert whole.returncode == 0, whole.stderr
     out, err = interrupt_run(tmp_path / "stopped", args, "step ", sig=signal.SIGTERM)  # stopped once RL has started
     assert "interrupted at step" in out, err

@@ -1,7 +1,7 @@
 """The tests start the scripts a few hundred times, and each start spends about 4 s of CPU importing torch, gymnasium
 and MuJoCo before the script's first line of its own runs: most of the suite's time on a 2-core machine. This starts
 them from a process that has imported those once (a "zygote": `python warm_start.py serve`, one per pytest worker),
-forked for each run, so that a run starts in a fraction of a second.
+forked for each run, so that a run skips those imports.
 
 A run started this way is still a process of its own that runs the script as `python SCRIPT ARGS` would, from its
 first line: with the arguments, folder, environment and stdin/stdout/stderr of the command the test started, its
