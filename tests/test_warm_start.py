@@ -83,6 +83,7 @@ def test_a_signal_to_a_warm_run_reaches_it_and_ends_it_as_a_cold_one(probe, tmp_
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (pytest may run as a background job)
         )
         assert run.stdout.readline().startswith("name __main__")
         run.stdout.readline(), run.stdout.readline()  # "env ...", "waiting"
@@ -93,6 +94,28 @@ def test_a_signal_to_a_warm_run_reaches_it_and_ends_it_as_a_cold_one(probe, tmp_
     assert ends[1][0] == -sig
     if sig == signal.SIGINT:  # KeyboardInterrupt, the threads waited for; then the run dies of the signal
         assert ends[1][1] == "Ctrl-C seen\nthread finished\natexit ran\n" and ends[1][2] == "KeyboardInterrupt"
+
+
+def test_a_signal_the_starting_command_ignores_is_ignored_by_the_warm_run_as_by_a_cold_one(probe, tmp_path):
+    """A shell starts a background job with Ctrl-C ignored, and Python keeps it so: SIGINT does not stop the run."""
+    ends = []
+    for cold in (True, False):
+        run = subprocess.Popen(
+            warm_start.command(probe, ["wait"], cold=cold),
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        for _ in range(3):  # "name ...", "env ...", "waiting"
+            run.stdout.readline()
+        run.send_signal(signal.SIGINT)
+        time.sleep(1)
+        alive = run.poll() is None
+        run.terminate()
+        ends.append((alive, run.wait(timeout=60), run.stdout.read()))
+    assert ends[0] == ends[1] == (True, -signal.SIGTERM, "")
 
 
 @pytest.mark.parametrize("stdin", ["devnull", "closed"])

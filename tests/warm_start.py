@@ -58,7 +58,8 @@ def stand_in(socket_path, argv):
             os.open(os.devnull, os.O_RDWR)  # takes the lowest free descriptor: fd
     zygote = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     zygote.connect(socket_path)
-    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    ignored = [int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]  # (a shell's background job)
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "ignored": ignored}).encode()
     socket.send_fds(zygote, [request], [0, 1, 2])
     null = os.open(os.devnull, os.O_RDWR)  # the run holds the pipes now: the test sees their end when the run ends
     for fd in (0, 1, 2):
@@ -160,7 +161,9 @@ def run(request, fds, closing, wake):
 
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets it at start (the zygote ignores it)
+    for sig in FORWARDED:  # as Python starts: a signal ignored by the command stays ignored, Ctrl-C raises
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in request["ignored"] else default)
     for each in closing:
         each.close()
     for fd in wake:
