@@ -4,7 +4,8 @@
 # each the whole of README's test command; also the CPU time the machine spent in each (from /proc/stat: every process,
 # the zygotes' runs included, which pytest's own rusage misses).
 # Usage: [OUT=benchmark/logs/FOLDER] bash benchmark/test_suite_time.sh [REPEATS]   (from the repository root, in the
-# virtual environment, with nothing else running)
+# virtual environment, with nothing else running). A suite whose log in FOLDER is complete is not run again, so a
+# second call after an interruption runs only what is left, then prints the table.
 set -euo pipefail
 repeats=${1:-2}
 out=${OUT:-benchmark/logs/test_suite_time}
@@ -17,6 +18,7 @@ for r in $(seq 1 "$repeats"); do
   if [ $((r % 2)) -eq 1 ]; then order="cold warm"; else order="warm cold"; fi
   for mode in $order; do
     cold=$([ "$mode" = cold ] && echo 1 || echo 0)
+    if grep -q '^wall_s ' "$out/${mode}_${r}.log" 2>/dev/null; then continue; fi  # measured by an earlier call
     cpu_before=$(busy_seconds)
     started=$(date +%s.%N)
     RLHF_TESTS_COLD=$cold python -m pytest -n 3 tests -q -p no:cacheprovider > "$out/${mode}_${r}.log" 2>&1 || true
@@ -31,7 +33,7 @@ out, repeats = sys.argv[1], int(sys.argv[2])
 def figures(mode, r):
     text = open(f"{out}/{mode}_{r}.log").read()
     wall, cpu = map(float, re.search(r"wall_s ([\d.]+) cpu_s ([\d.]+)", text).groups())
-    summary = re.findall(r"^=+ (.*) in [\d.]+s", text, re.M)[-1]
+    summary = re.findall(r"^=* ?(\d+ (?:passed|failed).*?) in [\d.]+s", text, re.M)[-1]  # pytest -q: no "=" around it
     return wall, cpu, summary
 print("| repeat | cold wall s | warm wall s | warm/cold wall | cold CPU s | warm CPU s | warm/cold CPU | cold tests | warm tests |")
 print("|---|---|---|---|---|---|---|---|---|")
