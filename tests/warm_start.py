@@ -1,5 +1,5 @@
-"""The tests start the scripts a few hundred times, and each start spends about 4 s of CPU importing torch, gymnasium
-and MuJoCo before the script's first line of its own runs: most of the suite's time on a 2-core machine. This starts
+"""The tests start the scripts a few hundred times, and each start spends about 3 s of CPU importing torch, gymnasium
+and MuJoCo before the script's first line of its own runs (a 2-core AMD EPYC): a quarter of the suite's time. This starts
 them from a process that has imported those once (a "zygote": `python warm_start.py serve`, one per pytest worker),
 forked for each run, so that a run skips those imports.
 
