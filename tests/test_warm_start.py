@@ -72,21 +72,29 @@ def test_a_warm_run_ends_as_a_cold_one(probe, tmp_path, monkeypatch, mode):
     assert last_error == {"message": "stopped by message", "raise": "ValueError: broken"}.get(mode, "to stderr")
 
 
+def start_waiting(probe, cwd, cold, sigint):
+    """The probe started (warm or `cold`) with SIGINT's disposition `sigint`, once it waits for a signal; and its first
+    line."""
+    run = subprocess.Popen(
+        warm_start.command(probe, ["wait"], cold=cold),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+    )
+    first_line = run.stdout.readline()
+    run.stdout.readline(), run.stdout.readline()  # "env ...", "waiting"
+    return run, first_line
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_to_a_warm_run_reaches_it_and_ends_it_as_a_cold_one(probe, tmp_path, sig):
     ends = []
     for cold in (True, False):
-        run = subprocess.Popen(
-            warm_start.command(probe, ["wait"], cold=cold),
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (pytest may run as a background job)
-        )
-        assert run.stdout.readline().startswith("name __main__")
-        run.stdout.readline(), run.stdout.readline()  # "env ...", "waiting"
+        run, first_line = start_waiting(probe, tmp_path, cold, signal.SIG_DFL)  # (pytest may run as a background job)
+        assert first_line.startswith("name __main__")
         run.send_signal(sig)
         stdout, stderr = run.communicate(timeout=60)  # to the pipes' end: every holder of them has ended
         ends.append((run.returncode, stdout, stderr.splitlines()[-1]))
@@ -100,21 +108,14 @@ def test_a_signal_the_starting_command_ignores_is_ignored_by_the_warm_run_as_by_
     """A shell starts a background job with Ctrl-C ignored, and Python keeps it so: SIGINT does not stop the run."""
     ends = []
     for cold in (True, False):
-        run = subprocess.Popen(
-            warm_start.command(probe, ["wait"], cold=cold),
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        )
-        for _ in range(3):  # "name ...", "env ...", "waiting"
-            run.stdout.readline()
+        run, first_line = start_waiting(probe, tmp_path, cold, signal.SIG_IGN)
+        assert first_line.startswith("name __main__")
         run.send_signal(signal.SIGINT)
         time.sleep(1)
         alive = run.poll() is None
         run.terminate()
-        ends.append((alive, run.wait(timeout=60), run.stdout.read()))
+        stdout, _ = run.communicate(timeout=60)
+        ends.append((alive, run.returncode, stdout))
     assert ends[0] == ends[1] == (True, -signal.SIGTERM, "")
 
 
