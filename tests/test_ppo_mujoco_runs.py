@@ -490,6 +490,7 @@ def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
     # stopped; resumed filming again: the third part's videos follow the first part's instead of replacing them
     # (16384 steps: environment 0, the one filmed, reaches episode 27 in the third part)
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 16384") + " --feedback true-reward --save-model"
+    args += " --update-epochs 1 --num-minibatches 4"  # (what is checked needs episodes, not the updates' work)
     filming = " --capture-video --video-seconds 0.05"  # 7 frames a clip: which episodes are saved is what is checked
     out, err = interrupt_run(tmp_path, args + filming, "step ", sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
