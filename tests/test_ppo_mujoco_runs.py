@@ -480,6 +480,7 @@ def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_no
     # (7 frames a clip: software rendering is slow, and what is checked is which episodes are saved, not their length)
     filming = " --capture-video --video-seconds 0.05"
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --feedback true-reward" + filming
+    args += " --update-epochs 1 --num-minibatches 4"  # (what is checked needs episodes, not the updates' work)
     # (the video flags are the resuming command's own)
     assert_a_resumed_run_keeps_its_videos(tmp_path, args + " --save-model", resume_flags=filming)
 
