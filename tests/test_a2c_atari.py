@@ -826,7 +826,7 @@ def test_a_run_killed_after_pretraining_resumes_with_its_reward_model_pretrained
     """The first periodic checkpoint comes after --checkpoint-every (2000) iterations; the pretraining before it (the
     label wait, and hours of epochs on a CPU) has a checkpoint of its own, so a run killed (-9) in between resumes at
     its first RL iteration. It could not resume at all ("no checkpoint")."""
-    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 3000") + " --save-model"
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 2000") + " --save-model"
     interrupt_run(tmp_path, args, "step ", script=SCRIPT, sig=signal.SIGKILL)  # killed in RL, before any other checkpoint
     run_dir = only_run_dir(tmp_path)
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["labels_held"] == 6  # the pretraining labels
@@ -839,13 +839,14 @@ def test_a_run_killed_after_pretraining_resumes_with_its_reward_model_pretrained
 def test_a_resumed_true_reward_run_goes_on_after_its_last_iteration_not_from_its_rounds_start(tmp_path):
     """A true-reward run has no label rounds to redo (a round's steps are an RLHF run's label pool): rewound to the
     start of one (here 1,000 iterations), it redid the updates since, with the learning rate and step count set back."""
-    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 6000").replace("--round-steps 100", "--round-steps 5000")
+    # 150 iterations in all, the stop asked at the 10th: the run is inside its first round whenever it stops
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 1500").replace("--round-steps 100", "--round-steps 5000")
     args += " --feedback true-reward --save-model"
     out, err = interrupt_run(tmp_path, args, "step ", script=SCRIPT, sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert 10 <= checkpoint["iteration"] < 600  # stopped before the end, inside the first round (1,000 iterations)
+    assert 10 <= checkpoint["iteration"] < 150  # stopped before the end, inside the first round (1,000 iterations)
     resumed = run_atari(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {run_dir} at step {checkpoint['global_step']} " in resumed.stdout, resumed.stdout[:2000]
@@ -856,20 +857,20 @@ def test_tensorboard_shows_each_step_once_after_a_resume_that_redoes_a_label_rou
     """A labelled run stopped in the middle of a label round resumes at that round's start (its steps are the round's
     label pool) and logs its iterations again: TensorBoard hid only those the stopped run logged after the
     checkpoint, so the round's first iterations showed twice, with different values."""
-    # rounds of 500 steps per env (100 iterations of 10 steps), 2 of pretraining, 4 of RL; a line every iteration
-    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 6000").replace("--round-steps 100", "--round-steps 500")
+    # rounds of 500 steps per env (100 iterations of 10 steps), 2 of pretraining, 2 of RL; a line every iteration
+    args = TINY.replace("--total-timesteps 1200", "--total-timesteps 4000").replace("--round-steps 100", "--round-steps 500")
     args = args.replace("--pretrain-steps 400", "--pretrain-steps 2000").replace("--log-every 10", "--log-every 1")
     out, err = interrupt_run(tmp_path, args + " --save-model", "step 2100,", script=SCRIPT, sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["iteration"]
-    assert 210 <= stopped_at < 600 and stopped_at % 100 != 0, stopped_at  # in RL, in the middle of a round
+    assert 210 <= stopped_at < 400 and stopped_at % 100 != 0, stopped_at  # in RL, in the middle of a round
     resumed = run_atari(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {run_dir} at step {stopped_at // 100 * 1000} " in resumed.stdout, resumed.stdout[:2000]
     logged = scalars(run_dir)
     for tag in ("losses/value_loss", "labels/total"):  # (labels/total is logged in pretraining too)
-        assert [step for step, _ in logged[tag] if step > 2000] == list(range(2010, 6001, 10)), tag  # each RL iteration, once
+        assert [step for step, _ in logged[tag] if step > 2000] == list(range(2010, 4001, 10)), tag  # each RL iteration, once
     assert_the_settings_show_once_per_start(run_dir, stopped_at // 100 * 1000)
 
 
