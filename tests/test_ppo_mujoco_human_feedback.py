@@ -86,8 +86,10 @@ def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, label_server, sig):
-    # HalfCheetah never falls: with 40-step episodes, every environment's episodes end at the same steps
+    # HalfCheetah never falls: with 40-step episodes, every environment's episodes end at the same steps. One RL
+    # rollout after the pretraining, and 5-step clips (each frame is rendered: about 15 frames/s here)
     args = HUMAN.replace("--env Hopper-v4", '--env HalfCheetah-v4 --env-kwargs {"max_episode_steps":40}')
+    args = args.replace("--total-timesteps 3072", "--total-timesteps 1536").replace("--segment-len 10", "--segment-len 5")
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(tmp_path, args, label_server, 40, 8, rl.__file__, sig)
 
 
