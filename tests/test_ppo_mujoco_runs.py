@@ -33,6 +33,9 @@ from helpers import (
 # a tiny Hopper run: 2 pretraining rollouts, 4 RL iterations of 8 envs x 64 steps, 40 labels of 20-step segments
 TINY = "--env Hopper-v4 --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40 --segment-len 20"
 TINY += " --pretrain-epochs 5 --reward-eval-every 2"
+# one epoch of 4 minibatches per update, not CleanRL's 10 of 32: these runs check what a run does and saves, not what
+# PPO learns (tests/test_ppo_mujoco_learning.py runs the defaults)
+TINY += " --update-epochs 1 --num-minibatches 4"
 # a run to stop in RL and resume: 5 iterations of 512 steps after the first "step" line, 100 labels
 STOPPABLE = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --labels 100 --save-model"
 
@@ -480,7 +483,6 @@ def test_a_resumed_run_numbers_its_videos_after_the_earlier_ones_and_replaces_no
     # (7 frames a clip: software rendering is slow, and what is checked is which episodes are saved, not their length)
     filming = " --capture-video --video-seconds 0.05"
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 4096") + " --feedback true-reward" + filming
-    args += " --update-epochs 1 --num-minibatches 4"  # (what is checked needs episodes, not the updates' work)
     # (the video flags are the resuming command's own)
     assert_a_resumed_run_keeps_its_videos(tmp_path, args + " --save-model", resume_flags=filming)
 
@@ -491,7 +493,6 @@ def test_videos_number_on_across_a_resume_without_capture_video(tmp_path):
     # stopped; resumed filming again: the third part's videos follow the first part's instead of replacing them
     # (16384 steps: environment 0, the one filmed, reaches episode 27 in the third part)
     args = TINY.replace("--total-timesteps 3072", "--total-timesteps 16384") + " --feedback true-reward --save-model"
-    args += " --update-epochs 1 --num-minibatches 4"  # (what is checked needs episodes, not the updates' work)
     filming = " --capture-video --video-seconds 0.05"  # 7 frames a clip: which episodes are saved is what is checked
     out, err = interrupt_run(tmp_path, args + filming, "step ", sig=signal.SIGTERM)
     assert "interrupted at step" in out, err
