@@ -810,14 +810,15 @@ def test_interrupted_run_keeps_its_labels_and_resumes_to_the_full_budget(tmp_pat
 def test_a_run_stopped_while_pretraining_its_reward_model_resumes_at_the_next_epoch(tmp_path):
     # a stop ends pretraining after the epoch in progress; the resumed run trains the epochs that are left, once each
     # (pretraining takes hours on a CPU: a run stopped and requeued at a time limit must get through it)
-    args = TINY.replace("--pretrain-epochs 2", "--pretrain-epochs 100") + " --save-model"
-    out, err = interrupt_run(tmp_path, args, "pretraining the reward model: epoch 2/100", script=SCRIPT)
+    # (an epoch of this tiny run takes about 0.2 s here: 30 leave the stop, asked at the 2nd, time to land)
+    args = TINY.replace("--pretrain-epochs 2", "--pretrain-epochs 30") + " --save-model"
+    out, err = interrupt_run(tmp_path, args, "pretraining the reward model: epoch 2/30", script=SCRIPT)
     assert "interrupted at step" in out, err
     run_dir = only_run_dir(tmp_path)
     resumed = run_atari(tmp_path, f"--resume {run_dir}")
     assert resumed.returncode == 0, resumed.stderr
-    epochs = [int(e) for e in re.findall(r"pretraining the reward model: epoch (\d+)/100", "\n".join([out, resumed.stdout]))]
-    assert 2 < epochs[0] < 100 and epochs == list(range(epochs[0], 101)), epochs  # epochs 1-2 were read before the stop
+    epochs = [int(e) for e in re.findall(r"pretraining the reward model: epoch (\d+)/30", "\n".join([out, resumed.stdout]))]
+    assert 2 < epochs[0] < 30 and epochs == list(range(epochs[0], 31)), epochs  # epochs 1-2 were read before the stop
     assert "pretraining the reward model: epoch" in resumed.stdout  # stopped before the last epoch: some were left
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1200
 
