@@ -1556,10 +1556,19 @@ def resume_iteration(checkpoint, args: Args) -> int:
     return checkpoint["iteration"] // args.iterations_per_round * args.iterations_per_round + 1
 
 
+def games_seed(seed, start_iteration):
+    """The seed the games start from: the run's own for a new run. A resumed run restarts its games (the emulators'
+    state is not saved) from a seed of its own resume point, so that they do not replay the run's first game starts
+    (their no-op counts and, for -v5 ids, their sticky actions)."""
+    if start_iteration == 1:
+        return seed
+    return int(np.random.SeedSequence([seed, start_iteration]).generate_state(1)[0])
+
+
 def restore_checkpoint(checkpoint, agent, optimizer, rng, reward_training, policy_normalizer, device):
     """--resume: the networks, optimisers, the reward model's training and every random stream as the run saved them
     (older checkpoints have no random streams: theirs restart from the seed). The games restart (the emulators' state
-    is not saved)."""
+    is not saved), from new starts (games_seed)."""
     agent.load_state_dict(checkpoint["agent"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     if reward_training is not None:
@@ -1657,7 +1666,7 @@ if __name__ == "__main__":
     if rlhf:
         teacher.start()
     start_time, start_step = time.time(), global_step
-    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs, _ = envs.reset(seed=games_seed(args.seed, start_iteration))  # Infrastructure: --resume's games start anew
     next_obs = torch.as_tensor(next_obs).to(device)
     if checkpoint is not None and checkpoint.get("video_episode") is not None and (recorder := video_recorder(envs.envs[0])):
         recorder.renumber(checkpoint["video_episode"] + 1)  # Infrastructure: the games restart, their videos follow

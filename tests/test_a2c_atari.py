@@ -184,6 +184,26 @@ def test_no_op_resets_start_games_at_different_frames_and_v5_ids_keep_sticky_act
     assert v5.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
 
 
+def test_a_resumed_run_restarts_its_games_from_new_starts_not_the_runs_first_ones():
+    """The emulators' state is not saved: a resumed run restarts its games. From the run's seed they replayed the run's
+    first game starts (each environment's no-op count, and a -v5 id's sticky-action stream) at every resume."""
+
+    def starts(seed):  # each environment's no-op count, as the script's vector env seeds them (seed, seed + 1, ...)
+        envs = gym.vector.SyncVectorEnv([atari.make_env("PongNoFrameskip-v4", i, False, None) for i in range(4)])
+        envs.reset(seed=seed)
+        counts = [env.unwrapped.ale.getEpisodeFrameNumber() for env in envs.envs]
+        envs.close()
+        return counts
+
+    assert atari.games_seed(7, 1) == 7  # a new run: its own seed
+    first = starts(7)
+    resumed = {iteration: atari.games_seed(7, iteration) for iteration in (101, 2001, 2002)}
+    assert len(set(resumed.values()) | {7}) == 4 and atari.games_seed(7, 101) == resumed[101]  # one per resume point
+    for seed in resumed.values():
+        assert starts(seed) != first
+    assert atari.games_seed(8, 101) != resumed[101]  # and per run seed
+
+
 @pytest.mark.parametrize("one_row", [False, True])
 def test_segments_rebuild_the_frame_stacks_the_agent_saw_across_game_starts(one_row):
     # games cut after 23 steps, so a round of 60 steps holds several game starts, each with a repeated first frame;
