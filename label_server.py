@@ -1416,7 +1416,8 @@ images.forEach((img, i) => {
   img.addEventListener("error", () => { if (img.getAttribute("src") === clipUrl(i)) neitherPlaysNorShows(i); });
 });
 // a request that got no answer fails a video as a broken file does: only a clip the server sends is called broken;
-// one it could not send (restarting, the network gone, a proxy's 502-504) is fetched again every 3 s until it comes. A
+// one it could not send (restarting, the network gone, a proxy's 502-504, a download cut off midway, which the video
+// reports as a file it cannot play) is fetched again every 3 s until it comes whole. A
 // clip the server sends is played once more first (the server may have come back just before it was asked); one it
 // sends and no browser can show, or fails on every time (a 500: its own fault), then takes only "can't tell"
 async function neitherPlaysNorShows(i) {
@@ -1424,7 +1425,7 @@ async function neitherPlaysNorShows(i) {
   let sent = false;
   try {
     const response = await fetch(clipUrl(i), {headers: KEY});
-    response.body?.cancel().catch(() => {});  // whether it came is all this asks: not the whole clip again
+    await response.arrayBuffer();  // read whole: a clip cut off midway throws here, and was not sent
     sent = ![502, 503, 504].includes(response.status);
   } catch (error) { /* no answer: not sent */ }
   if (pair !== shown) return;  // another pair by now

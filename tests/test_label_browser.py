@@ -6,12 +6,15 @@ rater whose golden-pair answers exclude them that their answers no longer count.
 and answers are not wasted: no answer before both clips have played through, from a held key or from Enter/Space after
 a click; Backspace takes the last answer back; an answer given while the server is down stays on the page and is sent
 when it is back; PNG and GIF clips show as images; a pair with a clip that does not load takes "can't tell" only, a
-clip the server did not send is fetched again (one it fails on every time, a 500, is broken); clips, question, buttons
-and key legend fit laptop windows without scrolling."""
+clip the server did not send, or sent only in part, is fetched again (one it fails on every time, a 500, is broken);
+clips, question, buttons and key legend fit laptop windows without scrolling."""
 
+import http.client
 import sqlite3
+import threading
 import time
 from contextlib import closing
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -476,6 +479,18 @@ def test_a_browser_that_cannot_play_the_clips_says_so_and_takes_no_pair(label_se
     assert server.call("GET", "/api/pairs/next?rater=other")[1]["pair_id"] == pair["pair_id"]  # not leased to the page
 
 
+def assert_the_page_keeps_trying_again(browser, url):
+    """Opens the page at `url` and checks that it says it tries a clip again, and says so for 4 s: a failed fetch and
+    one try again after 3 s."""
+    browser.get(url)
+    wait_until(lambda: "trying again" in text_of(browser, "hint"), "the page says it tries the clip again")
+    hints = set()
+    for _ in range(40):
+        hints.add(text_of(browser, "hint"))
+        time.sleep(0.1)
+    assert all("trying again" in hint for hint in hints), hints
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_a_clip_that_cannot_be_fetched_is_fetched_again_not_called_broken(label_server, clips, browser, side):
     """A clip request that gets no answer (the label server restarting, the network gone for a moment) fails the video
@@ -487,13 +502,7 @@ def test_a_clip_that_cannot_be_fetched_is_fetched_again_not_called_broken(label_
     browser.execute_cdp_cmd("Network.enable", {})
     browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": [f"*/clips/{clip}"]})
     try:
-        browser.get(f"{server.url}/?rater={RATER}")
-        wait_until(lambda: "trying again" in text_of(browser, "hint"), "the page says it tries the clip again")
-        hints = set()
-        for _ in range(40):  # 4 s: a failed fetch, and one try again after 3 s
-            hints.add(text_of(browser, "hint"))
-            time.sleep(0.1)
-        assert all("trying again" in hint for hint in hints), hints
+        assert_the_page_keeps_trying_again(browser, f"{server.url}/?rater={RATER}")
         assert videos(browser)[side]["ready"] < 2  # the block held: nothing of the clip came
     finally:
         browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
@@ -504,6 +513,74 @@ def test_a_clip_that_cannot_be_fetched_is_fetched_again_not_called_broken(label_
     assert text_of(browser, "hint") == ""
     press(browser, webdriver.Keys.ARROW_RIGHT)
     wait_until(lambda: answers_in_database(server.db) == [(pair["pair_id"], RATER, "right")], "the answer is recorded")
+
+
+class CuttingProxy:
+    """An HTTP relay in front of a label server; while `cut` is set, each clip it relays is cut off midway: the status
+    and headers of the whole clip, half its bytes, then the connection closed (a download that broke off)."""
+
+    def __init__(self, upstream_port):
+        proxy, self.cut, self.clips_cut = self, threading.Event(), 0
+
+        class Relay(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=DEADLINE)
+                upstream.request(self.command, self.path, self.rfile.read(length) if length else None, dict(self.headers))
+                response = upstream.getresponse()
+                body = response.read()
+                upstream.close()
+                cut = self.path.startswith("/clips/") and proxy.cut.is_set()
+                self.send_response_only(response.status, response.reason)
+                for name, value in response.getheaders():
+                    if name.lower() not in ("connection", "keep-alive", "transfer-encoding"):
+                        self.send_header(name, value)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2] if cut else body)
+                self.close_connection = True
+                proxy.clips_cut += cut
+
+            do_POST = do_PUT = do_DELETE = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_clip_cut_off_midway_is_fetched_again_not_called_broken(label_server, clips, browser):
+    """A clip whose download breaks off (the server stopped, the network gone) fails the video as a request with no
+    answer does: the page says it is trying again and does so every 3 s, and once a try comes whole the pair takes
+    every answer, not only "can't tell"."""
+    server = label_server()
+    (pair,) = post_pairs(server, clips, 1)
+    proxy = CuttingProxy(server.port)
+    proxy.cut.set()
+    try:
+        assert_the_page_keeps_trying_again(browser, f"{proxy.url}/?rater={RATER}")
+        assert proxy.clips_cut >= 2 and "did not load" not in text_of(browser, "hint")
+        proxy.cut.clear()
+        wait_until(
+            lambda: all(state["ready"] >= 2 for state in videos(browser).values()),
+            "both clips are fetched again whole",
+            show=lambda: videos(browser),
+        )
+        show_pair(browser, pair)
+        wait_ready(browser)
+        assert text_of(browser, "hint") == ""
+        press(browser, webdriver.Keys.ARROW_LEFT)
+        wait_until(lambda: answers_in_database(server.db) == [(pair["pair_id"], RATER, "left")], "the answer is recorded")
+    finally:
+        proxy.stop()
 
 
 def test_a_clip_the_server_fails_on_every_time_is_called_broken_not_fetched_for_ever(label_server, clips, browser):
