@@ -1371,6 +1371,7 @@ $("rater").value = key ? "" : params.get("rater") || localStorage.getItem("rater
 let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
 let failed = [false, false];  // a clip that neither a video nor an image can show
 let refetching = [false, false], playedAgain = [false, false];  // a clip the server did not send; one tried once more
+let cutOff = [0, 0];  // how many times in a row each clip's download broke off midway
 function rater() { if (!key) localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
 function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
 function notice(text) { $("notice").textContent = text; }
@@ -1417,16 +1418,18 @@ images.forEach((img, i) => {
 });
 // a request that got no answer fails a video as a broken file does: only a clip the server sends is called broken;
 // one it could not send (restarting, the network gone, a proxy's 502-504, a download cut off midway, which the video
-// reports as a file it cannot play) is fetched again every 3 s until it comes whole. A
+// reports as a file it cannot play) is fetched again every 3 s until it comes whole; a clip cut off for the 4th time
+// (a limit on the way, not an outage) counts as sent, so the rater is not kept on it for ever. A
 // clip the server sends is played once more first (the server may have come back just before it was asked); one it
 // sends and no browser can show, or fails on every time (a 500: its own fault), then takes only "can't tell"
 async function neitherPlaysNorShows(i) {
   const shown = pair;
   let sent = false;
   try {
-    const response = await fetch(clipUrl(i), {headers: KEY});
-    await response.arrayBuffer();  // read whole: a clip cut off midway throws here, and was not sent
+    const response = await fetch(clipUrl(i), {headers: KEY, signal: AbortSignal.timeout(20000)});
     sent = ![502, 503, 504].includes(response.status);
+    // read whole: a download cut off midway (or stalled for 20 s) throws here, and was not sent
+    await response.arrayBuffer().catch(() => { sent = ++cutOff[i] > 3; });
   } catch (error) { /* no answer: not sent */ }
   if (pair !== shown) return;  // another pair by now
   if (!sent) fetchAgain(i);
@@ -1462,7 +1465,8 @@ async function next() {
   $("instruction").textContent = pair.instruction;
   status(pair);
   $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
-  watched = [false, false]; failed = [false, false]; playedAgain = [false, false]; $("hint").textContent = ""; showReady();
+  watched = [false, false]; failed = [false, false]; playedAgain = [false, false]; cutOff = [0, 0];
+  $("hint").textContent = ""; showReady();
   images.forEach((img) => { img.classList.add("hidden"); img.removeAttribute("src"); });
   videos.forEach((v) => v.classList.remove("hidden"));
   left.src = pair.left_url; right.src = pair.right_url;

@@ -186,7 +186,8 @@ def test_no_op_resets_start_games_at_different_frames_and_v5_ids_keep_sticky_act
 
 def test_a_resumed_run_restarts_its_games_from_new_starts_not_the_runs_first_ones():
     """The emulators' state is not saved: a resumed run restarts its games. From the run's seed they replayed the run's
-    first game starts (each environment's no-op count, and a -v5 id's sticky-action stream) at every resume."""
+    first game starts (each environment's no-op count, and a -v5 id's sticky-action stream) at every resume. Checked
+    here: the no-op counts."""
 
     def starts(seed):  # each environment's no-op count, as the script's vector env seeds them (seed, seed + 1, ...)
         envs = gym.vector.SyncVectorEnv([atari.make_env("PongNoFrameskip-v4", i, False, None) for i in range(4)])
