@@ -1371,7 +1371,7 @@ $("rater").value = key ? "" : params.get("rater") || localStorage.getItem("rater
 let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
 let failed = [false, false];  // a clip that neither a video nor an image can show
 let refetching = [false, false], playedAgain = [false, false];  // a clip the server did not send; one tried once more
-let cutOff = [0, 0];  // how many times in a row each clip's download broke off midway
+let cutOff = [0, 0];  // how many times each clip of the pair shown broke off midway
 function rater() { if (!key) localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
 function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
 function notice(text) { $("notice").textContent = text; }

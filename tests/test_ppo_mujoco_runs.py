@@ -106,10 +106,10 @@ def test_ent_coef_final_lowers_the_entropy_bonus_that_each_update_uses(tmp_path)
     towards the final value after the last, and PPO's loss uses it: against a constant bonus, the first update (the
     same coefficient) is identical and the later ones (a smaller bonus) leave a narrower policy."""
     logged = {}
+    tiny = TINY.replace(" --update-epochs 1 --num-minibatches 4", "")  # PPO's default update: TINY's short one would
+    # leave the two runs' entropies little apart
     for name, flags in (("constant", "--ent-coef 0.5"), ("falling", "--ent-coef 0.5 --ent-coef-final 0")):
         (tmp_path / name).mkdir()
-        # PPO's default update (TINY's one short epoch would leave the two entropies little apart)
-        tiny = TINY.replace(" --update-epochs 1 --num-minibatches 4", "")
         result = run_script(tmp_path / name, f"{tiny} --feedback true-reward --threads 1 {flags}")
         assert result.returncode == 0, result.stderr
         logged[name] = {tag: [value for _, value in values] for tag, values in scalars(only_run_dir(tmp_path / name)).items()}
