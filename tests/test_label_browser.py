@@ -519,16 +519,23 @@ def test_a_clip_that_cannot_be_fetched_is_fetched_again_not_called_broken(label_
 class CuttingProxy:
     """An HTTP relay in front of a label server; while `cut` is set, each clip it relays is cut off midway: the status
     and headers of the whole clip, half its bytes, then the connection closed (a download that broke off). `cuts`
-    counts the cut-offs by path."""
+    counts the cut-offs by path. A path put in `unanswered_once` gets no answer to its next request (the connection
+    closed, as by a server restarting), then is relayed as before; `requests` counts the requests by path."""
 
     def __init__(self, upstream_port):
         proxy, self.cut, self.cuts = self, threading.Event(), Counter()
+        self.unanswered_once, self.requests = set(), Counter()
 
         class Relay(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             timeout = DEADLINE  # a connection the browser opened and left idle ends
 
             def do_GET(self):
+                proxy.requests[self.path] += 1
+                if self.path in proxy.unanswered_once:
+                    proxy.unanswered_once.discard(self.path)
+                    self.close_connection = True
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=DEADLINE)
                 upstream.request(self.command, self.path, self.rfile.read(length) if length else None, dict(self.headers))
@@ -610,6 +617,29 @@ def test_a_clip_cut_off_every_time_is_called_broken_after_a_few_tries_not_fetche
         press(browser, webdriver.Keys.ARROW_DOWN)
         show_pair(browser, after)
         assert answers_in_database(server.db) == [(pair["pair_id"], RATER, "cant_tell")]
+    finally:
+        proxy.stop()
+
+
+def test_a_clip_that_got_no_answer_and_is_sent_by_the_time_of_the_check_is_played_once_more_not_called_broken(
+    label_server, clips, browser
+):
+    """The server back between a clip's failed load and the page's check of it: the video's request got no answer,
+    which the video reports as a file it cannot play, and the page's check then gets the clip whole. The page plays it
+    once more rather than calling it broken, so the pair takes every answer, not only "can't tell"."""
+    server = label_server()
+    (pair,) = post_pairs(server, clips, 1)
+    clip = f"/clips/{pair['left_clip']}"
+    proxy = CuttingProxy(server.port)
+    proxy.unanswered_once.add(clip)
+    try:
+        browser.get(f"{proxy.url}/?rater={RATER}")
+        show_pair(browser, pair)
+        wait_ready(browser)
+        assert text_of(browser, "hint") == ""
+        assert not proxy.unanswered_once and proxy.requests[clip] >= 2, proxy.requests  # one with no answer, then more
+        press(browser, webdriver.Keys.ARROW_LEFT)
+        wait_until(lambda: answers_in_database(server.db) == [(pair["pair_id"], RATER, "left")], "the answer is recorded")
     finally:
         proxy.stop()
 
