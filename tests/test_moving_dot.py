@@ -417,20 +417,24 @@ def test_a_round_in_the_thread_trains_as_in_the_main_thread_and_ppos_copy_takes_
     buffer = dot.LabelBuffer(100, 5, 3, rng)
     buffer.add(*segment_pairs(rng, 100))
     rng_threaded, rng_in_line = np.random.default_rng(1), np.random.default_rng(1)
-    gate = threading.Event()
+    gate, copies = threading.Event(), ("ensemble", "training_ensemble")
     try:
         for round_number in (1, 2):  # the second round ends in a validation pass (--reward-eval-every 2)
-            before = {k: v.clone() for k, v in threaded.ensemble.state_dict().items()}
+            before = {copy: {k: v.clone() for k, v in getattr(threaded, copy).state_dict().items()} for copy in copies}
             gate.clear()
             threaded.thread.submit(gate.wait)  # hold the thread: the round queues behind this
             threaded.start_round(buffer, args, rng_threaded)
             in_line.train(buffer, 1, args.reward_updates, args, rng_in_line)
             buffer.add(*segment_pairs(rng, 3))  # answers arriving while the round runs are not the round's
-            for key, value in threaded.ensemble.state_dict().items():  # PPO's copy: unchanged while the round runs
-                torch.testing.assert_close(value, before[key], rtol=0, atol=0)
+            # while the thread is held both copies are as they were: the round waits in the thread (start_round did not
+            # train here, in the caller's), and PPO's copy does not change while it runs
+            assert not threaded.job.done()
+            for copy in copies:
+                for key, value in getattr(threaded, copy).state_dict().items():
+                    torch.testing.assert_close(value, before[copy][key], rtol=0, atol=0)
             gate.set()
             threaded.finish_round()
-            for copy in ("ensemble", "training_ensemble"):
+            for copy in copies:
                 for key, value in getattr(threaded, copy).state_dict().items():
                     torch.testing.assert_close(value, getattr(in_line, copy).state_dict()[key], rtol=0, atol=0)
             assert threaded.rounds == in_line.rounds == round_number
