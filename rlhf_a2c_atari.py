@@ -1459,10 +1459,11 @@ def flags_on_command_line(argv):
 
 def resumed_args(args: Args, checkpoint, argv=()) -> Args:
     """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes from
-    this command line. Any other flag given (set away from its default, or named in `argv`, the command line) that
-    differs from the run's own is refused, not dropped, and so is a checkpoint with settings this script does not have
-    (another script's run), and a checkpoint whose reward model trained (pretraining too) on labels that are not in its
-    labels/ folder (it would go on without them)."""
+    this command line, and where its label server is now (--label-server, --label-token, when given). Any other flag
+    given (set away from its default, or named in `argv`, the command line) that differs from the run's own is refused,
+    not dropped, and so is a checkpoint with settings this script does not have (another script's run), and a
+    checkpoint whose reward model trained (pretraining too) on labels that are not in its labels/ folder (it would go
+    on without them)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
     saved = dict(checkpoint["args"])
     if saved.pop("frozen_reward", None) is not None and not args.eval_only:
@@ -1475,9 +1476,9 @@ def resumed_args(args: Args, checkpoint, argv=()) -> Args:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
         raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
     defaults, named = vars(Args()), flags_on_command_line(argv)
-    for name, value in vars(args).items():
-        given = value != defaults[name] or name in named
-        if name not in from_command_line and given and value != saved.get(name, defaults[name]):
+    given = {name: value for name, value in vars(args).items() if value != defaults[name] or name in named}
+    for name, value in given.items():
+        if name not in from_command_line + ("label_server", "label_token") and value != saved.get(name, defaults[name]):
             flag = f"--{name.replace('_', '-')}"
             raise SystemExit(
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
@@ -1500,7 +1501,7 @@ def resumed_args(args: Args, checkpoint, argv=()) -> Args:
             f"error: {labels_dir}/ holds {held} labels, fewer than the {checkpoint['labels_held']} its checkpoint held: "
             "a label batch is missing (copy the run folder whole)"
         )
-    return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
+    return Args(**{**saved, **given, **{name: getattr(args, name) for name in from_command_line}})
 
 
 def video_recorder(env):

@@ -1633,10 +1633,10 @@ def flags_on_command_line(argv):
 
 def resumed_args(args, checkpoint, argv=()):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
-    --eval-only, --eval-episodes). Any other flag given (set away from its default, or named in `argv`, the command
-    line) that differs from the run's own is refused, not dropped, and so is a checkpoint with settings this script does
-    not have (another script's run), and a labelled run's checkpoint without its labels (save_labels writes them before
-    every checkpoint)."""
+    --eval-only, --eval-episodes), and where its label server is now (--label-server, --label-token, when given). Any
+    other flag given (set away from its default, or named in `argv`, the command line) that differs from the run's own
+    is refused, not dropped, and so is a checkpoint with settings this script does not have (another script's run), and
+    a labelled run's checkpoint without its labels (save_labels writes them before every checkpoint)."""
     from_command_line = ("resume", "eval_only", "eval_episodes")
     saved = {"reward_form": "action", **checkpoint["args"]}  # saved before --reward-form: r(o, a)
     unknown = sorted(set(saved) - set(vars(args)))
@@ -1644,9 +1644,9 @@ def resumed_args(args, checkpoint, argv=()):
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in unknown)
         raise SystemExit(f"error: {args.resume} is not a run of this script (its settings have {flags})")
     defaults, named = vars(Args()), flags_on_command_line(argv)
-    for name, value in vars(args).items():
-        given = value != defaults[name] or name in named
-        if name not in from_command_line and given and value != saved.get(name, defaults[name]):
+    given = {name: value for name, value in vars(args).items() if value != defaults[name] or name in named}
+    for name, value in given.items():
+        if name not in from_command_line + ("label_server", "label_token") and value != saved.get(name, defaults[name]):
             flag = f"--{name.replace('_', '-')}"
             raise SystemExit(
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
@@ -1655,7 +1655,7 @@ def resumed_args(args, checkpoint, argv=()):
     labels_path = os.path.join(args.resume, "labels.npz")
     if saved["feedback"] != "true-reward" and not args.eval_only and not os.path.isfile(labels_path):
         raise SystemExit(f"error: {args.resume} has a checkpoint but not the labels saved with it ({labels_path})")
-    return Args(**{**saved, **{name: getattr(args, name) for name in from_command_line}})
+    return Args(**{**saved, **given, **{name: getattr(args, name) for name in from_command_line}})
 
 
 def save_checkpoint(run_dir, args, iteration, agent, optimizer, reward_training, envs, next_obs, episodes, rng):

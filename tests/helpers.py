@@ -187,6 +187,15 @@ def assert_resumes_it_cannot_do_are_refused_and_change_nothing(cwd, module, fore
     again = module.Args(resume="own", total_timesteps=1000000, eval_only=True, eval_episodes=3)
     resumed = module.resumed_args(again, {"args": saved})
     assert (resumed.total_timesteps, resumed.save_model, resumed.eval_only, resumed.eval_episodes) == (1000000, True, True, 3)
+    # a human-feedback run whose label server has moved (restarted elsewhere, a new token): the new address when
+    # given, the run's own when not
+    human = {"args": vars(module.Args(feedback="human", label_server="http://127.0.0.1:8001"))}
+    (cwd / "human").mkdir()
+    (cwd / "human" / "labels.npz").touch()  # (only its presence is checked here)
+    run = str(cwd / "human")
+    moved = module.resumed_args(module.Args(resume=run, label_server="http://10.0.0.5:8000", label_token="t"), human)
+    assert (moved.label_server, moved.label_token) == ("http://10.0.0.5:8000", "t")
+    assert module.resumed_args(module.Args(resume=run), human).label_server == "http://127.0.0.1:8001"
 
 
 def assert_answers_follow_true_returns(labels):

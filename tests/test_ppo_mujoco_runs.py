@@ -436,13 +436,6 @@ def test_settings_refused_at_the_start_leave_no_run_folder(tmp_path):
 
 def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):
     assert_resumes_it_cannot_do_are_refused_and_change_nothing(tmp_path, rl, "log_every")  # an Atari setting
-    # a human-feedback run whose label server has moved: the new address when given, the run's own when not
-    human = {"args": vars(rl.Args(feedback="human", label_server="http://127.0.0.1:8001"))}
-    (tmp_path / "own" / "labels.npz").touch()  # (only its presence is checked here)
-    own = str(tmp_path / "own")
-    moved = rl.resumed_args(rl.Args(resume=own, label_server="http://10.0.0.5:8000", label_token="t"), human)
-    assert (moved.label_server, moved.label_token) == ("http://10.0.0.5:8000", "t")
-    assert rl.resumed_args(rl.Args(resume=own), human).label_server == "http://127.0.0.1:8001"
 
 
 @pytest.mark.slow
