@@ -730,8 +730,8 @@ class SyntheticTeacher:
         ask(left, right)        queue pairs: left and right are segments (dicts of arrays, one row per pair, SEGMENT_KEYS)
         poll()                  the answers so far: [(left, right, mu), ...], mu = 1 left better, 0 right better, 0.5
                                 equal (exact ties, or scores within --teacher-equal-margin). Pairs the teacher skips
-                                are dropped, and the next label round asks for new pairs in their place (the budget
-                                counts only labels answered)
+                                are dropped, and new pairs are asked in their place (the budget counts only labels
+                                answered)
         pending                 pairs asked and not yet handed over by poll(): the label budget counts them as on their way
         wait_for_answers(stop)  block until every asked pair is answered or `stop` (a threading.Event) is set or the
                                 teacher fails
@@ -889,12 +889,21 @@ def load_labels(folder, buffer, teacher=None):
 def query_labels(args: Args, rng, teacher, buffer, ensemble, history, labels_wanted, selection, labels_dir):
     """A label round: ask the teacher for the pairs that `labels_wanted` (the schedule's total so far) still lacks,
     chosen from the round's steps by `selection` (C17 2.2.4), then store the answers it has. Labels held or on their way
-    count: a resumed round asks nothing twice, and pairs the teacher skipped are replaced."""
+    count: a resumed round asks nothing twice, and pairs the teacher skipped are replaced. The synthetic teacher
+    answers at once: the pairs it skips are replaced here, from the round's steps, until `labels_wanted` are held or
+    100 times as many pairs as were wanted have been asked (it skips nearly all of this round's); people's at the next
+    round."""
     to_ask = labels_wanted - buffer.total - teacher.pending
-    if to_ask > 0:
+    pairs_left = 100 * to_ask
+    while to_ask > 0 and pairs_left > 0:
         left, right = select_pairs(rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, selection)
         teacher.ask(left, right)
-    store_answers(teacher, buffer, labels_dir)
+        store_answers(teacher, buffer, labels_dir)
+        if teacher.pending:  # people answer later
+            break
+        pairs_left -= to_ask
+        to_ask = labels_wanted - buffer.total
+    store_answers(teacher, buffer, labels_dir)  # (people's answers that came in since the last round)
 
 
 def store_answers(teacher, buffer, labels_dir):

@@ -1201,12 +1201,21 @@ def entropy_coefficient(args: Args, iteration: int) -> float:
 # RLHF: ask the teacher, store its answers
 def query_labels(rng, ensemble, teacher, buffer, rollout, labels_due, selection, args):
     """Ask the teacher for the labels the schedule has due so far, less those held or on their way (a resumed run asks
-    nothing twice; pairs the teacher skipped are replaced by new ones), then store every answer received."""
+    nothing twice; pairs the teacher skipped are replaced by new ones), then store every answer received. A synthetic
+    or scripted teacher answers at once: the pairs it skips are replaced here, from this rollout, until the labels due
+    are held or 100 times as many pairs as were due have been asked (it skips nearly all of this rollout's); people's
+    at the next call."""
     to_ask = labels_due - buffer.size - teacher.pending
-    if to_ask > 0:
+    pairs_left = 100 * to_ask
+    while to_ask > 0 and pairs_left > 0:
         left, right = select_pairs(rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection)
         teacher.ask(left, right)
-    store_answers(teacher, buffer)
+        store_answers(teacher, buffer)
+        if teacher.pending:  # people answer later
+            break
+        pairs_left -= to_ask
+        to_ask = labels_due - buffer.size
+    store_answers(teacher, buffer)  # (people's answers that came in since the last call)
 
 
 def store_answers(teacher, buffer):

@@ -687,6 +687,23 @@ def test_no_pair_shows_one_segment_twice():
         assert not (left["true_reward"] == right["true_reward"]).all(1).any(), seed
 
 
+def test_pairs_the_synthetic_teacher_skips_are_asked_again_at_once_until_the_labels_due_are_held(tmp_path):
+    """As in rlhf_ppo_mujoco.py: a skipped pair's place is filled in the same label round, from the same steps (it was
+    filled only by the next round: a run ended short of --labels, and pretraining on fewer labels than its share); a
+    round whose pairs all get skipped ends the asking."""
+    rng = np.random.default_rng(0)
+    history, args = atari.new_history(20, 2), atari.Args(segment_len=5)
+    history["true_reward"][:] = rng.random((20, 2)) < 0.1  # about half the segments score: a quarter of the pairs skipped
+    buffer = atari.LabelBuffer(40, 5, 3, rng)
+    teacher = atari.SyntheticTeacher(rng, skip_threshold=0.5)
+    atari.query_labels(args, rng, teacher, buffer, None, history, 30, "random", tmp_path / "a")
+    assert buffer.total == 30
+    assert (buffer.data["true_reward"][:30].sum(-1).max(1) >= 1).all()  # every label held is one the teacher answered
+    history["true_reward"][:] = 0  # every pair below the threshold
+    atari.query_labels(args, rng, teacher, buffer, None, history, 40, "random", tmp_path / "b")
+    assert buffer.total == 30
+
+
 def segment_pairs(rng, history):
     """`segments(n)` for the shared human-teacher helpers: n pairs of 5-step segments of `history`."""
     return lambda n: tuple(atari.sample_segments(rng, history, 5, n) for _ in range(2))

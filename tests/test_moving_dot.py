@@ -193,6 +193,22 @@ def test_variance_selection_keeps_the_candidate_pairs_the_members_disagree_on_mo
     assert_the_pairs_kept_are_the_most_disagreed_on(kept, scores, 6)
 
 
+def test_pairs_the_synthetic_teacher_skips_are_asked_again_at_once_until_the_labels_due_are_held():
+    """As in rlhf_ppo_mujoco.py: a skipped pair's place is filled in the same call, from the same rollout (it was filled
+    only by the next iteration's: a run ended short of --labels, and pretraining on fewer labels than its share); a
+    rollout whose pairs all get skipped ends the asking."""
+    rng = np.random.default_rng(0)
+    rollout, args = coded_rollout(rng), dot.Args(segment_len=5)  # rewards -1, 0, 1: about a third of the pairs skipped
+    buffer = dot.LabelBuffer(40, 5, 3, rng)
+    dot.query_labels(rng, None, dot.SyntheticTeacher(rng, skip_threshold=1.0), buffer, None, rollout, 30, "random", args)
+    assert buffer.size == 30
+    returns = buffer.data["true_reward"][:30].sum(-1)  # (30, 2)
+    assert (returns.max(1) >= 1.0).all()  # every label held is one the teacher answered
+    flat = {**rollout, "true_reward": np.zeros_like(rollout["true_reward"])}  # every pair below the threshold
+    dot.query_labels(rng, None, dot.SyntheticTeacher(rng, skip_threshold=1.0), buffer, None, flat, 40, "random", args)
+    assert buffer.size == 30
+
+
 def test_no_pair_shows_one_segment_twice():
     """As in rlhf_ppo_mujoco.py: a pair whose two sides are the same segment gets another right side (20 x 10 pairs of
     a rollout with 30 starts)."""

@@ -836,6 +836,24 @@ def test_query_labels_asks_only_what_the_schedule_lacks_and_stores_the_answers(r
     np.testing.assert_array_equal(batch["mu"].numpy(), (returns[:, 0] > returns[:, 1]).float().numpy())
 
 
+def test_pairs_the_synthetic_teacher_skips_are_asked_again_at_once_until_the_labels_due_are_held(rng):
+    """--teacher-skip-threshold: a skipped pair is no label, and another is asked in its place. The synthetic teacher
+    answers when asked, so the places are filled in the same call, from the same rollout; they were filled only by the
+    next iteration's call, so the pretraining labels fell short of their share, and a run ended short of --labels. A
+    rollout whose pairs all get skipped ends the asking."""
+    ensemble, args = rl.RewardEnsemble(3, 1, size=3), rl.Args(segment_len=5)
+    rollout = make_rollout(rng, 64, 2)  # step rewards 1 + 10t + e: a segment's return grows with its start
+    threshold = 5 * (1 + 10 * 32)  # about half the segments return less: about a quarter of the pairs are skipped
+    buffer = rl.LabelBuffer(40, 5, 3, 1, 3, rng)
+    rl.query_labels(rng, ensemble, rl.SyntheticTeacher(rng, skip_threshold=threshold), buffer, rollout, 30, "random", args)
+    assert buffer.size == 30
+    returns = buffer.get(slice(0, 30))[2]["true_reward"].sum(-1)  # (30, 2)
+    assert (returns.max(1).values >= threshold).all()  # every label held is one the teacher answered
+    flat = {**rollout, "true_reward": np.zeros_like(rollout["true_reward"])}  # every pair below the threshold
+    rl.query_labels(rng, ensemble, rl.SyntheticTeacher(rng, skip_threshold=1.0), buffer, flat, 40, "variance", args)
+    assert buffer.size == 30
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # 10-11. L2 adaptation, running statistics
 
