@@ -416,10 +416,9 @@ class LabelStore:
 
     def add_answer(self, pair_id, rater, choice):
         """Record a rater's answer (the first one counts; a repeat is ignored). Returns (new answer?, pair final?)."""
-        with self.lease_lock:  # answered: the lease has done its job (an answer to another pair leaves it)
-            if self.lease_of.get(rater, (None,))[0] == pair_id:
-                del self.lease_of[rater]
-        with self.lock:
+        # the lease ends only once the answer is recorded, in one step under both locks (in next_pair's order): a pair
+        # neither leased nor answered in between could be given to another rater, whose answer would be wasted
+        with self.lease_lock, self.lock:
             pair = self.db.execute("SELECT experiment, golden IS NOT NULL FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone()
             if pair is None:
                 raise ApiError(HTTPStatus.NOT_FOUND, f"unknown pair: {pair_id}")
@@ -433,6 +432,8 @@ class LabelStore:
             self.open_count -= closed
             if new and golden:  # the rater's accuracy on golden pairs changed
                 self._count_raters_again()
+            if self.lease_of.get(rater, (None,))[0] == pair_id:  # answered: the lease has done its job (an answer to
+                del self.lease_of[rater]  # another pair leaves it)
         return new, final
 
     def undo_answer(self, pair_id, rater):
@@ -841,13 +842,17 @@ def make_handler(store, args, rater_of_key=None):
                 self.send_error(HTTPStatus.BAD_REQUEST, "the request line needs its HTTP version (GET / HTTP/1.1)")
                 return False
             # where the body ends is in doubt: a head the standard library read only in part (a line without a colon,
-            # or with a space before it, as in "Content-Length : 5": the lines after it are lost), or a chunked body
-            # (no endpoint reads one; with a Content-Length too, a proxy in front may read the body the other way).
+            # or with a space before it, as in "Content-Length : 5": the lines after it are lost), two Content-Lengths
+            # that differ (this server reads the first, a proxy in front may read the last), or a chunked body (no
+            # endpoint reads one; with a Content-Length too, a proxy in front may read the body the other way).
             # Answered, and the connection closed: what follows cannot be trusted to be where a next request starts
-            if self.headers.defects or "Transfer-Encoding" in self.headers:
+            lengths = {value.strip(" \t") for value in self.headers.get_all("Content-Length", [])}
+            if self.headers.defects or len(lengths) > 1 or "Transfer-Encoding" in self.headers:
                 self.body_left_unread = MAX_DROPPED  # what the client still sends: the main thread's to drop
                 if self.headers.defects:
                     self.send_error(HTTPStatus.BAD_REQUEST, "malformed header line (a name, then a colon at once)")
+                elif len(lengths) > 1:
+                    self.send_error(HTTPStatus.BAD_REQUEST, "Content-Length given twice, with different values")
                 else:
                     message = "Transfer-Encoding is not supported: send the body with a Content-Length"
                     self.send_error(HTTPStatus.NOT_IMPLEMENTED, message)

@@ -8,6 +8,8 @@ went beyond the --overlap answers it needed, are wasted).
 
     python benchmark/label_server_raters.py --pairs 30 --raters 3 --seconds-per-answer 0.2
     python benchmark/label_server_raters.py --server /tmp/label_server_before.py ...   # another version of the server
+    python benchmark/label_server_raters.py --pairs 600 --raters 8 --seconds-per-answer 0 --upload-mb 4
+        # and a trainer uploading a 4 MiB clip again and again meanwhile (the database busy while each is written)
 """
 
 import argparse
@@ -52,6 +54,13 @@ def rater(url, name, seconds, done, answers, lock):
             answers.append(pair["pair_id"])
 
 
+def uploader(url, megabytes, done):
+    """A trainer's clip uploads, one after another until `done`: each holds the server's database while it is written."""
+    clip = CLIP + bytes(megabytes << 20)
+    while not done.is_set():
+        assert call(url, "PUT", "/api/clips/big", raw=clip)[0] in (200, 201)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", default=str(Path(__file__).resolve().parents[1] / "label_server.py"))
@@ -59,6 +68,7 @@ def main():
     parser.add_argument("--raters", type=int, default=3)
     parser.add_argument("--overlap", type=int, default=1)
     parser.add_argument("--seconds-per-answer", type=float, default=2.5)
+    parser.add_argument("--upload-mb", type=int, default=0, help="with N > 0: a clip of N MiB uploaded again and again")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,6 +87,8 @@ def main():
                 threading.Thread(target=rater, args=(url, f"rater{k}", args.seconds_per_answer, done, answers, lock))
                 for k in range(args.raters)
             ]
+            if args.upload_mb > 0:
+                threads.append(threading.Thread(target=uploader, args=(url, args.upload_mb, done)))
             started = time.monotonic()
             for thread in threads:
                 thread.start()
@@ -97,6 +109,7 @@ def main():
         f"{args.raters} raters, {args.pairs} pairs, overlap {args.overlap}, {args.seconds_per_answer} s per answer: "
         f"{given} answers recorded for {labels} labels, {args.overlap * labels / given:.0%} of answers needed "
         f"({given - args.overlap * labels} wasted), all labelled after {elapsed:.1f} s"
+        + (f", a {args.upload_mb} MiB clip uploaded again and again meanwhile" if args.upload_mb > 0 else "")
     )
 
 
