@@ -1356,8 +1356,10 @@ class HumanTeacher:
         return None
 
     def _encode(self, segment):
-        """WebM/VP9 bytes of the segment's frames (plays in Chromium and Firefox)."""
-        frames = [render_frame(position) for position in segment["position"]]
+        """WebM/VP9 bytes of the segment's frames (plays in Chromium and Firefox): the dot at each step's position, then
+        where the last step took it, so that every move the teacher judges is shown (a 1-step segment too)."""
+        path = [*segment["position"], move(segment["position"][-1], segment["act"][-1])]
+        frames = [render_frame(position) for position in path]
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "clip.webm")
             speed = ["-deadline", "realtime", "-cpu-used", "8", "-b:v", "0", "-crf", "32"]

@@ -1392,14 +1392,15 @@ class HumanTeacher:
         return None
 
     def _render(self, render_env, segment):
-        """Frames of one segment: the saved simulator state, then its actions replayed; after a termination the
-        last frame (the fall) is held for the absorbing steps."""
+        """Frames of one segment: the saved simulator state, then the state after each of its actions (L + 1 frames:
+        every action the teacher judges, the last one's outcome too); after a termination the last frame (the fall)
+        is held for the absorbing steps."""
         model = render_env.unwrapped.model
         render_env.unwrapped.set_state(segment["sim_state"][: model.nq], segment["sim_state"][model.nq :])
         frames = [render_env.unwrapped.render()]
-        for t in range(1, len(segment["mask"])):
-            if segment["mask"][t - 1]:
-                render_env.unwrapped.step(segment["act"][t - 1])
+        for t in range(len(segment["mask"])):
+            if segment["mask"][t]:
+                render_env.unwrapped.step(segment["act"][t])
                 frames.append(render_env.unwrapped.render())
             else:
                 frames.append(frames[-1])

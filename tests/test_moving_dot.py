@@ -662,15 +662,23 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
         for key in dot.SEGMENT_KEYS:
             np.testing.assert_array_equal(resumed.waiting[pair_id][0][key], left[key][i])
             np.testing.assert_array_equal(resumed.waiting[pair_id][1][key], right[key][i])
-    # the clip people see is the segment's path: the dot at each step's position, one frame per step
+    # the clip people see is the segment's path: the dot at each step's position, then where its last step took it
+    # (every move the teacher judges is shown: a 1-step segment was one still frame, its move not shown)
     segment = dot.index_segments(left, 0)
     segment["position"] = segment["position"] + np.array([50, 70], np.int16)  # inside the field
+    segment["act"][-1] = 4  # the last step moves right
     (tmp_path / "clip.webm").write_bytes(resumed._encode(segment))
     frames = imageio.mimread(tmp_path / "clip.webm")
-    assert len(frames) == 6
-    for frame, position in zip(frames, segment["position"]):
+    path = [*segment["position"], segment["position"][-1] + [0, 1]]
+    assert len(frames) == 7
+    for frame, position in zip(frames, path):
         brightest = np.unravel_index(frame[..., 0].astype(int).argmax(), frame.shape[:2])
         assert np.abs(np.array(brightest) - position).max() <= 2
+    one_step = dot.index_segments(left, 1)
+    one_step = {key: value[:1] for key, value in one_step.items()} | {"position": np.array([[100, 80]]), "act": np.array([2])}
+    (tmp_path / "one.webm").write_bytes(resumed._encode(one_step))
+    first, last = imageio.mimread(tmp_path / "one.webm")  # the dot, then the dot a pixel down
+    assert np.abs(first.astype(int) - last).max() > 100
 
 
 def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):

@@ -208,3 +208,30 @@ def test_a_kill_between_saving_the_labels_and_the_pending_pairs_adds_no_answer_t
         store,
         resume,
     )
+
+
+def test_a_clip_shows_every_step_of_its_segment_the_last_one_too(tmp_path):
+    """A segment of L steps is judged on its L actions: its clip is the saved simulator state, then the state after each
+    action, L + 1 frames (it was L: the last action's outcome was not shown), a fall held over the absorbing steps."""
+    length, rng = 6, np.random.default_rng(0)
+    env = rl.make_render_env("Hopper-v4", 48, {})
+    env.reset(seed=0)
+    start = np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel])
+    actions = rng.uniform(-1, 1, (length, 3)).astype(np.float32)
+    expected = [env.unwrapped.render()]
+    for action in actions:
+        env.unwrapped.step(action)
+        expected.append(env.unwrapped.render())
+    teacher = rl.HumanTeacher(str(tmp_path), "Hopper-v4", "http://127.0.0.1:9", None, "Which?", clip_size=48)
+    render_env = rl.make_render_env("Hopper-v4", 48, {})
+    render_env.reset(seed=0)
+    segment = {"sim_state": start, "act": actions, "mask": np.ones(length, np.float32)}
+    frames = teacher._render(render_env, segment)
+    assert len(frames) == length + 1
+    for frame, frame_expected in zip(frames, expected):
+        np.testing.assert_array_equal(frame, frame_expected)
+    segment["mask"][3:] = 0  # the episode ended with the third action: the frame after it held
+    frames = teacher._render(render_env, segment)
+    assert len(frames) == length + 1
+    for frame in frames[3:]:
+        np.testing.assert_array_equal(frame, expected[3])
