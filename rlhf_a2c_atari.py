@@ -396,6 +396,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(f"error: --segment-len {args.segment_len} must be between 2 and --round-steps {args.round_steps}")
     if min(args.label_buffer, args.ensemble_size, args.candidate_multiplier, args.pretrain_epochs) < 1:
         raise SystemExit("error: --label-buffer, --ensemble-size, --candidate-multiplier, --pretrain-epochs must be positive")
+    if args.selection == "variance" and args.ensemble_size < 2:  # one member's preferences have no variance
+        raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if min(args.reward_batch_size, args.reward_train_every, args.reward_eval_every, args.reward_eval_labels) < 1:
         raise SystemExit(
             "error: --reward-batch-size, --reward-train-every, --reward-eval-every, --reward-eval-labels must be positive"

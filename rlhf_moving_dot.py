@@ -386,6 +386,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
     if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:
         raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
+    if args.selection == "variance" and args.ensemble_size < 2:  # one member's preferences have no variance
+        raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
     # a rollout's pairs draw their left and their right segments each without repeats (sample_segments) while it holds

@@ -352,6 +352,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(
             "error: --ensemble-size, --candidate-multiplier, --pretrain-epochs and --pair-pool-rollouts must be positive"
         )
+    if args.selection == "variance" and args.ensemble_size < 2:  # one member's preferences have no variance
+        raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if not 0 <= args.reward_dropout < 1:
         raise SystemExit("error: --reward-dropout must be in [0, 1)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:

@@ -1010,6 +1010,8 @@ def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_
         ({"teacher_beta": 0.0}, "--teacher-beta must be positive"),
         ({"teacher_equal_margin": -0.5}, "--teacher-equal-margin must be at least 0"),
         ({"reward_lr": 0.0}, "--reward-lr and --learning-rate must be positive"),
+        # one member has no disagreement: variance selection kept the first candidates, random selection unsaid
+        ({"ensemble_size": 1}, "--selection variance needs --ensemble-size 2 or more"),
     ],
 )
 def test_impossible_settings_are_refused_with_a_message(settings, message):

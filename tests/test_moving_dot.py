@@ -954,6 +954,8 @@ BAD_SETTINGS = [
     # was a database with pairs of the RL policy: the pairs skipped before RL were asked again during it
     ("--offline --teacher-skip-threshold 0", "--offline labels every pair before RL; a skipping teacher"),
     ("--labels 0", "--labels must be positive"),
+    # one member has no disagreement: variance selection kept the first candidates, random selection unsaid
+    ("--ensemble-size 1", "--selection variance needs --ensemble-size 2 or more"),
     ("--num-minibatches 0", "--num-minibatches must be positive"),
     ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
     ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),

@@ -391,6 +391,8 @@ BAD_NUMBERS = [
         "error: --teacher-beta, --teacher-epsilon are for the synthetic",
     ),
     ("--feedback human --teacher-skip-threshold 0", "error: --teacher-skip-threshold is for the synthetic and scripted"),
+    # one member has no disagreement: variance selection kept the first candidates, random selection unsaid
+    ("--ensemble-size 1", "--selection variance needs --ensemble-size 2 or more"),
 ]
 
 
