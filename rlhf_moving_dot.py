@@ -390,9 +390,9 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    # a rollout's pairs draw their left and their right segments each without repeats (sample_segments) while it holds
-    # twice as many segments as pairs (offline pairs may repeat: they are random; select_pairs redraws the right side
-    # of a pair that would show one segment twice)
+    # a rollout holds this many pairs of distinct segments (sample_segments draws without repeats while it can; the 10x
+    # candidates of variance selection, pairs asked in place of skipped ones and offline pairs may repeat a segment;
+    # select_pairs redraws the right side of a pair that would show one segment twice)
     per_iteration = label_schedule(args)
     capacity = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, args.episode_steps) // 2
     within = f" (episodes of {args.episode_steps} steps)"
