@@ -1891,6 +1891,8 @@ if __name__ == "__main__":
             reward_training.finish_round()  # the round the thread ran during the last iteration: its weights score pairs
             query_labels(rng, ensemble, teacher, buffer, database, rollout, int(schedule[:iteration].sum()), selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
+                if teacher.pending:  # Infrastructure: the pairs people are asked, saved in case the wait is killed
+                    save_labels(buffer, teacher, labels_path)
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
                     checkpoint_kept = True  # Infrastructure
                     break

@@ -1976,6 +1976,8 @@ if __name__ == "__main__":
             labels_due = int(schedule[:iteration].sum())
             query_labels(rng, ensemble, teacher, buffer, join_rollouts(pair_pool), labels_due, selection, args)
             if iteration == args.pretrain_iterations:  # RLHF: C17 A.1: the reward model is fitted before RL starts
+                if teacher.pending:  # Infrastructure: the pairs people are asked, saved in case the wait is killed
+                    save_labels(buffer, teacher, labels_path)
                 if not teacher.wait_for_answers(stop_requested):  # people label asynchronously; RL needs these
                     checkpoint_kept = True  # Infrastructure
                     break

@@ -556,7 +556,10 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
     environments as they were then. A stopped run's checkpoint held the environments a rollout further on: the resumed
     run acted that rollout again from there, and those steps were never counted; a killed one had none, or one without
     its labels. Every environment's episodes last `episode_steps` steps (a time limit, no other end), so they end at the
-    run's steps that are multiples of episode_steps x `envs`, the resumed run's too."""
+    run's steps that are multiples of episode_steps x `envs`, the resumed run's too. A rater answered all the pairs
+    the run waits for but one before it stopped, each against the true returns: the resumed run takes every one of
+    those answers (a killed run had not saved the last rollout's pairs as asked: it asked them again under new ids,
+    and the answers people gave during the wait reached no run)."""
     server = label_server()
     trainer, output, reader = start_trainer(
         cwd, f"{args} --label-server {server.url} --save-model", script, cold=sig == signal.SIGKILL
@@ -566,6 +569,8 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
         while not any(line.startswith("waiting for ") for line in output):  # no rater yet: the run waits
             assert time.time() < deadline and trainer.poll() is None, "".join(output)
             time.sleep(0.2)
+        waited_for = int(re.search(r"^waiting for (\d+) labels", "".join(output), re.M)[1])
+        answer_against_the_true_returns(server, waited_for - 1, deadline)  # all but one: the run still waits
         trainer.send_signal(sig)
         assert trainer.wait(timeout=120) == (0 if sig == signal.SIGTERM else -sig), "".join(output)
     finally:
@@ -586,6 +591,26 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
     every_end = range(episode_steps * envs, max(step for step, _ in ends) + 1, episode_steps * envs)
     assert Counter(step for step, _ in ends) == {step: envs for step in every_end}, ends
     assert_the_settings_show_once_per_start(run_dir, checkpoint_step(resumed.stdout))
+    with np.load(run_dir / "labels.npz") as labels:  # the rater of the resumed run answers by the true returns
+        returns = labels["true_reward"].astype(np.float64).sum(-1)
+        against = (labels["mu"] != np.sign(returns[:, 0] - returns[:, 1]) / 2 + 0.5).sum()
+        assert against == waited_for - 1, f"{against} of the {waited_for - 1} answers given in the wait were taken"
+
+
+def answer_against_the_true_returns(server, count, deadline):
+    """A rater answers `count` pairs, each the other way from the true returns in its metadata (left on a tie)."""
+    while count:
+        assert time.time() < deadline, f"{count} pairs still to answer"
+        status, pair = server.call("GET", "/api/pairs/next?rater=contrary")
+        if status == 204:  # the next pairs are still being rendered and posted
+            time.sleep(0.2)
+            continue
+        meta = server.call("GET", f"/api/pairs/{pair['pair_id']}")[1]["metadata"]
+        choice = "right" if meta["left_true_return"] > meta["right_true_return"] else "left"
+        assert (
+            server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": "contrary", "choice": choice})[0] == 201
+        )
+        count -= 1
 
 
 def checkpoint_step(stdout):
