@@ -1691,6 +1691,7 @@ def restore_environment_states(envs, states):
     for env, state in zip(envs.envs, states):
         sim = env.unwrapped
         mujoco.mj_setState(sim.model, sim.data, state["physics"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(sim.model, sim.data)  # the body positions a frame is drawn from (else the reset pose's)
         sim.np_random.bit_generator.state = state["np_random"]
         for name in EPISODE_COUNTERS:
             if name in state:  # (episode_count: not in checkpoints before 2026-12-02)

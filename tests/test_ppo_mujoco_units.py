@@ -6,6 +6,7 @@ import importlib
 import math
 import threading
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import rlhf_ppo_mujoco as rl
@@ -961,3 +962,21 @@ def test_rollouts_with_falls_hold_at_least_the_segments_counted_for_episodes_run
         segments = rl.sample_segments(rng, rollout, segment_len, count)
         starts = segments["obs"][:, 0, 0]
         assert len(np.unique(starts)) == count, (num_steps, segment_len, episode_len, fall_chance)
+
+
+def test_restored_environments_show_the_restored_state_not_the_reset_one(tmp_path):
+    """A resumed run films on the episode under way (a kill saved no clip of it): its first frame is drawn from MuJoCo's
+    body positions, which restoring the state left at the fresh environment's reset pose until the next step."""
+
+    def one_hopper():
+        return gym.vector.SyncVectorEnv([rl.make_env("Hopper-v4", 0, False, str(tmp_path), {})])
+
+    stopped, rng = one_hopper(), np.random.default_rng(0)
+    stopped.reset(seed=0)
+    for _ in range(15):
+        stopped.step(rng.uniform(-1, 1, (1, 3)))
+    resumed = one_hopper()
+    resumed.reset(seed=1)
+    rl.restore_environment_states(resumed, rl.environment_states(stopped))
+    body_positions = [envs.envs[0].unwrapped.data.xpos for envs in (resumed, stopped)]
+    np.testing.assert_allclose(*body_positions, atol=1e-5)
