@@ -1821,9 +1821,10 @@ if __name__ == "__main__":
     # resumed run's mark on (the resumed run logs those steps again). The first mark it reads, a new run's, hides nothing
     first_logged_step = 1 + (checkpoint["global_step"] if checkpoint else 0)
     writer = SummaryWriter(run_dir, purge_step=first_logged_step)
+    settings = vars(args) | {"label_token": "(not logged)" if args.label_token else None}  # Infrastructure: a password
     writer.add_text(
         "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in settings.items()])),
         first_logged_step,  # Infrastructure: each start's settings at its mark (at step 0, every resume's piled up there)
     )
 

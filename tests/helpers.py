@@ -499,6 +499,26 @@ def start_trainer(cwd, args, script=SCRIPT, cold=False):
     return trainer, output, reader
 
 
+def assert_the_label_token_stays_out_of_the_logs(cwd, args, script):
+    """TensorBoard's settings table is what people share (a screenshot, an events file sent along): --label-token, the
+    label server's password, is not in it; the run's other settings are. `args` a human-feedback run; its label
+    server is down (the run waits for it, and is stopped then)."""
+    trainer, output, reader = start_trainer(cwd, f"{args} --label-server http://127.0.0.1:9 --label-token s3cret", script)
+    try:
+        deadline = time.time() + 120
+        while not (events := [path.read_bytes() for path in Path(cwd).glob("runs/*/events.out.tfevents.*")]) or not any(
+            b"label_token" in content for content in events
+        ):
+            assert time.time() < deadline and trainer.poll() is None, "".join(output)
+            time.sleep(0.2)
+    finally:
+        trainer.kill()  # the settings are written: nothing else of the run is looked at
+    reader.join(timeout=30)
+    (content,) = events
+    assert b"http://127.0.0.1:9" in content  # the settings table, with --label-server
+    assert b"s3cret" not in content, "the label token is in the TensorBoard log"
+
+
 def assert_a_run_killed_after_pretraining_resumes_pretrained(cwd, args, pretrain_steps, script=SCRIPT):
     """The first periodic checkpoint comes after --checkpoint-every iterations of RL; the pretraining before it (the
     label wait, the epochs) has a checkpoint of its own, with its labels, so a run killed (-9) in between resumes at its

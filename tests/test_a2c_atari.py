@@ -31,6 +31,7 @@ from helpers import (
     assert_clear_error,
     assert_predicted_returns_are_of_whole_episodes,
     assert_resumes_it_cannot_do_are_refused_and_change_nothing,
+    assert_the_label_token_stays_out_of_the_logs,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -702,6 +703,10 @@ def test_pairs_the_synthetic_teacher_skips_are_asked_again_at_once_until_the_lab
     history["true_reward"][:] = 0  # every pair below the threshold
     atari.query_labels(args, rng, teacher, buffer, None, history, 40, "random", tmp_path / "b")
     assert buffer.total == 30
+
+
+def test_the_label_token_stays_out_of_the_logs(tmp_path):
+    assert_the_label_token_stays_out_of_the_logs(tmp_path, f"{TINY} --feedback human", SCRIPT)
 
 
 def segment_pairs(rng, history):

@@ -27,6 +27,7 @@ from helpers import (
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_resumed_run_keeps_its_videos,
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
+    assert_the_label_token_stays_out_of_the_logs,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
@@ -632,6 +633,10 @@ def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, 
         tmp_path, args + " --save-model", label_server, "step ", SCRIPT
     )
     assert len(np.load(run_dir / "labels.npz")["mu"]) >= 15  # the pretraining labels, and any since
+
+
+def test_the_label_token_stays_out_of_the_logs(tmp_path):
+    assert_the_label_token_stays_out_of_the_logs(tmp_path, f"{TINY} --feedback human", SCRIPT)
 
 
 @pytest.mark.slow

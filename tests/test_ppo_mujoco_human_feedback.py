@@ -19,6 +19,7 @@ from helpers import (
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
     assert_the_finished_run_closed_its_pairs,
+    assert_the_label_token_stays_out_of_the_logs,
     free_port,
     only_run_dir,
     rating_by_script,
@@ -235,3 +236,7 @@ def test_a_clip_shows_every_step_of_its_segment_the_last_one_too(tmp_path):
     assert len(frames) == length + 1
     for frame in frames[3:]:
         np.testing.assert_array_equal(frame, expected[3])
+
+
+def test_the_label_token_stays_out_of_the_logs(tmp_path):
+    assert_the_label_token_stays_out_of_the_logs(tmp_path, HUMAN.replace(" --save-model", ""), rl.__file__)
