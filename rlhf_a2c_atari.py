@@ -1749,6 +1749,8 @@ if __name__ == "__main__":
                 args, rng, teacher, buffer, reward_training.policy_ensemble, history, labels_wanted, selection, labels_dir
             )
             if iteration == args.pretrain_iterations:  # C17 A.2: the reward model is fitted before RL starts
+                if args.save_model:  # Infrastructure: a run killed in the wait or the epochs resumes at this round
+                    checkpoint_now()  # (its pairs are saved as asked: the answers given in the wait are not lost)
                 teacher.wait_for_answers(stop_requested)  # people answer asynchronously; RL cannot start without these
                 store_answers(teacher, buffer, labels_dir)
                 if teacher.failure:  # Infrastructure: the label server refused the run: stop, saving, as at Ctrl-C

@@ -32,6 +32,8 @@ from helpers import (
     assert_predicted_returns_are_of_whole_episodes,
     assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     assert_the_label_token_stays_out_of_the_logs,
+    answer_against_the_true_returns,
+    start_trainer,
     interrupt_run,
     only_run_dir,
     run_script,
@@ -649,6 +651,38 @@ def test_human_feedback_run_learns_from_a_rater_behind_the_label_server(tmp_path
     (tmp_path / "clip.webm").write_bytes(clip)
     frames = imageio.mimread(tmp_path / "clip.webm")
     assert len(frames) == 5 and frames[0].shape[:2] == (336, 336)  # one frame per step, enlarged 4x
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_the_pretraining_label_wait_resumes_with_the_answers_given_in_it(tmp_path, label_server):
+    """The checkpoint before RL came after the label wait and the reward model's pretraining (hours of people's time
+    and of epochs): a run killed (-9) in between had none, could not resume, and the answers given in the wait reached
+    no run. Now it has one from the wait's start: a rater answers all but one waited-for pair (against the true
+    returns), the run is killed, and the resumed run takes every one of those answers."""
+    server = label_server()
+    args = f"{TINY} --feedback human --label-server {server.url} --save-model"
+    trainer, output, reader = start_trainer(tmp_path, args, SCRIPT, cold=True)
+    try:
+        deadline = time.time() + 300
+        while not any(line.startswith("waiting for ") for line in output):
+            assert time.time() < deadline and trainer.poll() is None, "".join(output)
+            time.sleep(0.2)
+        waited_for = int(re.search(r"^waiting for (\d+) labels", "".join(output), re.M)[1])
+        answer_against_the_true_returns(server, waited_for - 1, deadline)
+        trainer.kill()
+        assert trainer.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        trainer.kill()
+    reader.join(timeout=30)
+    run_dir = only_run_dir(tmp_path)
+    with rating_by_script(server):  # the one left, and the pairs of RL, by the true returns
+        resumed = run_atari(tmp_path, f"--resume {run_dir}", timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    saved = [np.load(f) for f in sorted((run_dir / "labels").glob("*.npz"))]
+    mu = np.concatenate([s["mu"] for s in saved])
+    diff = np.concatenate([s["left_true_reward"].sum(1) - s["right_true_reward"].sum(1) for s in saved])
+    against = (mu != np.sign(diff) / 2 + 0.5).sum()
+    assert against == waited_for - 1, f"{against} of the {waited_for - 1} answers given in the wait were taken"
 
 
 @pytest.mark.slow
