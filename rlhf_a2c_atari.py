@@ -396,7 +396,7 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(f"error: --segment-len {args.segment_len} must be between 2 and --round-steps {args.round_steps}")
     if min(args.label_buffer, args.ensemble_size, args.candidate_multiplier, args.pretrain_epochs) < 1:
         raise SystemExit("error: --label-buffer, --ensemble-size, --candidate-multiplier, --pretrain-epochs must be positive")
-    if args.selection == "variance" and args.ensemble_size < 2:  # one member's preferences have no variance
+    if args.selection == "variance" and args.ensemble_size < 2 and not args.resume:  # one member has no disagreement
         raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if min(args.reward_batch_size, args.reward_train_every, args.reward_eval_every, args.reward_eval_labels) < 1:
         raise SystemExit(
@@ -893,10 +893,10 @@ def query_labels(args: Args, rng, teacher, buffer, ensemble, history, labels_wan
     chosen from the round's steps by `selection` (C17 2.2.4), then store the answers it has. Labels held or on their way
     count: a resumed round asks nothing twice, and pairs the teacher skipped are replaced. The synthetic teacher
     answers at once: the pairs it skips are replaced here, from the round's steps, until `labels_wanted` are held or
-    100 times as many pairs as were wanted have been asked (it skips nearly all of this round's); people's at the next
+    10 times as many pairs as were lacking have been asked (it skips nearly all of this round's); people's at the next
     round."""
     to_ask = labels_wanted - buffer.total - teacher.pending
-    pairs_left = 100 * to_ask
+    pairs_left = 10 * to_ask
     while to_ask > 0 and pairs_left > 0:
         left, right = select_pairs(rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, selection)
         teacher.ask(left, right)

@@ -386,7 +386,7 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --pretrain-fraction must be in (0, 1]")
     if args.ensemble_size < 1 or args.candidate_multiplier < 1 or args.pretrain_epochs < 1:
         raise SystemExit("error: --ensemble-size, --candidate-multiplier and --pretrain-epochs must be positive")
-    if args.selection == "variance" and args.ensemble_size < 2:  # one member's preferences have no variance
+    if args.selection == "variance" and args.ensemble_size < 2 and not (args.offline or args.resume):  # (offline: random)
         raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
@@ -1161,10 +1161,10 @@ def query_labels(rng, ensemble, teacher, buffer, database, rollout, labels_due, 
     """Ask the teacher for the labels the schedule has due so far, less those held or on their way (a resumed run asks
     nothing twice; pairs the teacher skipped are replaced by new ones), then store every answer received. The
     synthetic teacher answers at once: the pairs it skips are replaced here, from this rollout, until the labels due
-    are held or 100 times as many pairs as were due have been asked (it skips nearly all of this rollout's); people's
-    at the next call."""
+    are held or 10 times as many pairs as were lacking have been asked (it skips nearly all of this rollout's);
+    people's at the next call."""
     to_ask = labels_due - buffer.size - teacher.pending
-    pairs_left = 100 * to_ask
+    pairs_left = 10 * to_ask
     while to_ask > 0 and pairs_left > 0:
         left, right = select_pairs(
             rng, ensemble, args.observation, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection
