@@ -901,11 +901,9 @@ def query_labels(args: Args, rng, teacher, buffer, ensemble, history, labels_wan
         left, right = select_pairs(rng, ensemble, history, args.segment_len, to_ask, args.candidate_multiplier, selection)
         teacher.ask(left, right)
         store_answers(teacher, buffer, labels_dir)
-        if teacher.pending:  # people answer later
-            break
         pairs_left -= to_ask
-        to_ask = labels_wanted - buffer.total
-    store_answers(teacher, buffer, labels_dir)  # (people's answers that came in since the last round)
+        to_ask = labels_wanted - buffer.total - teacher.pending  # (people's: on their way, so 0)
+    store_answers(teacher, buffer, labels_dir)  # answers that came in since the last round (none more after the loop's)
 
 
 def store_answers(teacher, buffer, labels_dir):

@@ -1171,11 +1171,9 @@ def query_labels(rng, ensemble, teacher, buffer, database, rollout, labels_due, 
         )
         teacher.ask(left, right)
         store_answers(teacher, buffer, database)
-        if teacher.pending:  # people answer later
-            break
         pairs_left -= to_ask
-        to_ask = labels_due - buffer.size
-    store_answers(teacher, buffer, database)  # (people's answers that came in since the last call)
+        to_ask = labels_due - buffer.size - teacher.pending  # (people's: on their way, so 0)
+    store_answers(teacher, buffer, database)  # answers that came in since the last call (none more after the loop's)
 
 
 def store_answers(teacher, buffer, database):

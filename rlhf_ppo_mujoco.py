@@ -1213,11 +1213,9 @@ def query_labels(rng, ensemble, teacher, buffer, rollout, labels_due, selection,
         left, right = select_pairs(rng, ensemble, rollout, args.segment_len, to_ask, args.candidate_multiplier, selection)
         teacher.ask(left, right)
         store_answers(teacher, buffer)
-        if teacher.pending:  # people answer later
-            break
         pairs_left -= to_ask
-        to_ask = labels_due - buffer.size
-    store_answers(teacher, buffer)  # (people's answers that came in since the last call)
+        to_ask = labels_due - buffer.size - teacher.pending  # (people's: on their way, so 0)
+    store_answers(teacher, buffer)  # answers that came in since the last call (none more after the loop's)
 
 
 def store_answers(teacher, buffer):

@@ -502,7 +502,7 @@ def start_trainer(cwd, args, script=SCRIPT, cold=False):
 def assert_the_label_token_stays_out_of_the_logs(cwd, args, script):
     """TensorBoard's settings table is what people share (a screenshot, an events file sent along): --label-token, the
     label server's password, is not in it; the run's other settings are. `args` a human-feedback run; its label
-    server is down (the run waits for it, and is stopped then)."""
+    server is down (the run waits for it, and is killed once the table is written)."""
     trainer, output, reader = start_trainer(cwd, f"{args} --label-server http://127.0.0.1:9 --label-token s3cret", script)
     try:
         deadline = time.time() + 120
@@ -585,12 +585,7 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
         cwd, f"{args} --label-server {server.url} --save-model", script, cold=sig == signal.SIGKILL
     )
     try:
-        deadline = time.time() + 300
-        while not any(line.startswith("waiting for ") for line in output):  # no rater yet: the run waits
-            assert time.time() < deadline and trainer.poll() is None, "".join(output)
-            time.sleep(0.2)
-        waited_for = int(re.search(r"^waiting for (\d+) labels", "".join(output), re.M)[1])
-        answer_against_the_true_returns(server, waited_for - 1, deadline)  # all but one: the run still waits
+        waited_for = answer_all_but_one_pair_the_run_waits_for(trainer, output, server)
         trainer.send_signal(sig)
         assert trainer.wait(timeout=120) == (0 if sig == signal.SIGTERM else -sig), "".join(output)
     finally:
@@ -613,8 +608,26 @@ def assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped(cwd, args, l
     assert_the_settings_show_once_per_start(run_dir, checkpoint_step(resumed.stdout))
     with np.load(run_dir / "labels.npz") as labels:  # the rater of the resumed run answers by the true returns
         returns = labels["true_reward"].astype(np.float64).sum(-1)
-        against = (labels["mu"] != np.sign(returns[:, 0] - returns[:, 1]) / 2 + 0.5).sum()
-        assert against == waited_for - 1, f"{against} of the {waited_for - 1} answers given in the wait were taken"
+        assert_the_answers_given_in_the_wait_were_taken(labels["mu"], returns[:, 0] - returns[:, 1], waited_for)
+
+
+def answer_all_but_one_pair_the_run_waits_for(trainer, output, server):
+    """Once the run (`trainer`, printing into `output`) waits for its pretraining labels, a rater answers every pair
+    it waits for but one, each against the true returns (the run still waits). Returns how many it waited for."""
+    deadline = time.time() + 300
+    while not any(line.startswith("waiting for ") for line in output):  # no rater yet: the run waits
+        assert time.time() < deadline and trainer.poll() is None, "".join(output)
+        time.sleep(0.2)
+    waited_for = int(re.search(r"^waiting for (\d+) labels", "".join(output), re.M)[1])
+    answer_against_the_true_returns(server, waited_for - 1, deadline)
+    return waited_for
+
+
+def assert_the_answers_given_in_the_wait_were_taken(mu, true_return_differences, waited_for):
+    """The run's labels (`mu`, and left minus right true return per pair) hold every answer given against the true
+    returns in the wait (answer_all_but_one_pair_the_run_waits_for), and no other answer goes against them."""
+    against = (mu != np.sign(true_return_differences) / 2 + 0.5).sum()
+    assert against == waited_for - 1, f"{against} of the {waited_for - 1} answers given in the wait were taken"
 
 
 def answer_against_the_true_returns(server, count, deadline):

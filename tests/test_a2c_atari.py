@@ -32,7 +32,8 @@ from helpers import (
     assert_predicted_returns_are_of_whole_episodes,
     assert_resumes_it_cannot_do_are_refused_and_change_nothing,
     assert_the_label_token_stays_out_of_the_logs,
-    answer_against_the_true_returns,
+    answer_all_but_one_pair_the_run_waits_for,
+    assert_the_answers_given_in_the_wait_were_taken,
     start_trainer,
     interrupt_run,
     only_run_dir,
@@ -663,12 +664,7 @@ def test_a_run_killed_in_the_pretraining_label_wait_resumes_with_the_answers_giv
     args = f"{TINY} --feedback human --label-server {server.url} --save-model"
     trainer, output, reader = start_trainer(tmp_path, args, SCRIPT, cold=True)
     try:
-        deadline = time.time() + 300
-        while not any(line.startswith("waiting for ") for line in output):
-            assert time.time() < deadline and trainer.poll() is None, "".join(output)
-            time.sleep(0.2)
-        waited_for = int(re.search(r"^waiting for (\d+) labels", "".join(output), re.M)[1])
-        answer_against_the_true_returns(server, waited_for - 1, deadline)
+        waited_for = answer_all_but_one_pair_the_run_waits_for(trainer, output, server)
         trainer.kill()
         assert trainer.wait(timeout=60) == -signal.SIGKILL
     finally:
@@ -681,8 +677,7 @@ def test_a_run_killed_in_the_pretraining_label_wait_resumes_with_the_answers_giv
     saved = [np.load(f) for f in sorted((run_dir / "labels").glob("*.npz"))]
     mu = np.concatenate([s["mu"] for s in saved])
     diff = np.concatenate([s["left_true_reward"].sum(1) - s["right_true_reward"].sum(1) for s in saved])
-    against = (mu != np.sign(diff) / 2 + 0.5).sum()
-    assert against == waited_for - 1, f"{against} of the {waited_for - 1} answers given in the wait were taken"
+    assert_the_answers_given_in_the_wait_were_taken(mu, diff, waited_for)
 
 
 @pytest.mark.slow

@@ -679,8 +679,7 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     for frame, position in zip(frames, path):
         brightest = np.unravel_index(frame[..., 0].astype(int).argmax(), frame.shape[:2])
         assert np.abs(np.array(brightest) - position).max() <= 2
-    one_step = dot.index_segments(left, 1)
-    one_step = {key: value[:1] for key, value in one_step.items()} | {"position": np.array([[100, 80]]), "act": np.array([2])}
+    one_step = {"position": np.array([[100, 80]], np.int16), "act": np.array([2])}  # a step down
     (tmp_path / "one.webm").write_bytes(resumed._encode(one_step))
     first, last = imageio.mimread(tmp_path / "one.webm")  # the dot, then the dot a pixel down
     assert np.abs(first.astype(int) - last).max() > 100
