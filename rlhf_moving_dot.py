@@ -1256,11 +1256,12 @@ class HumanTeacher:
     2.2: asynchronous). Pairs not yet answered are saved with the run (save/load: {run_dir}/pending_pairs.npz) and
     asked again when it resumes. The run folder's name is the experiment's name on the label server."""
 
-    def __init__(self, run_dir, server, token, instruction, clip_fps=6, poll_interval=2.0):
+    def __init__(self, run_dir, server, token, instruction, clip_fps=6, poll_interval=2.0, pair_check_interval=30.0):
         self.experiment = experiment_name(run_dir)
         self.path = f"{run_dir}/pending_pairs.npz"
         self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_fps, self.poll_interval = instruction, clip_fps, poll_interval
+        self.pair_check_interval = pair_check_interval
         self.lock = threading.Lock()
         self.queued = []  # pair ids still to draw, upload and post
         self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
@@ -1328,9 +1329,10 @@ class HumanTeacher:
         return not stop.is_set() and self.failure is None
 
     # --- the background thread ---
-    def _request(self, method, path, body=None, content_type="application/json"):
+    def _request(self, method, path, body=None, content_type="application/json", not_found=None):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving)."""
+        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving), but a 404 returns
+        `not_found` where one is given."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -1343,6 +1345,8 @@ class HumanTeacher:
                         print(f"label server at {self.server} is back")
                     return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as error:
+                if error.code == 404 and not_found is not None:
+                    return not_found
                 if error.code < 500:  # the request itself is wrong: retrying cannot help
                     hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
                     raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
@@ -1371,7 +1375,7 @@ class HumanTeacher:
         try:
             if self.resumed:  # before this process posts a pair
                 self._close_pairs_not_waiting()
-            last_poll = 0.0
+            last_poll, last_check = 0.0, time.time()
             while not self.stop.is_set():
                 with self.lock:
                     pair_id = self.queued[0] if self.queued else None
@@ -1398,6 +1402,9 @@ class HumanTeacher:
                 if pair_id is None or time.time() - last_poll > self.poll_interval:
                     self._fetch_labels()
                     last_poll = time.time()
+                if time.time() - last_check > self.pair_check_interval:
+                    self._check_the_server_has_the_posted_pairs()
+                    last_check = time.time()
                 if pair_id is None:
                     self.stop.wait(self.poll_interval)
         except Exception as error:  # the training loop stops at the end of its iteration, saving
@@ -1415,6 +1422,19 @@ class HumanTeacher:
             return
         if reply is not None and reply["closed"]:
             print(f"label server: closed {reply['closed']} pairs this run no longer waits for (posted after its last save)")
+
+    def _check_the_server_has_the_posted_pairs(self):
+        """A label server restarted on another database has none of the pairs this run posted: nobody can answer them,
+        and before the run holds a label nothing else tells it (GET /api/labels answers 409 only for a label number
+        the database never gave), so it would wait for them for ever. Its oldest posted, unanswered pair must be there."""
+        with self.lock:
+            posted = next((pair_id for pair_id in self.waiting if pair_id not in self.queued), None)
+        if posted is not None and self._request("GET", f"/api/pairs/{posted}", not_found="not found") == "not found":
+            raise RuntimeError(
+                f"the label server at {self.server} has no pair {posted}, which this run posted: it was restarted on "
+                "another database (--db, a path relative to where it starts)? Restart it on the run's database, then "
+                "--resume"
+            )
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")

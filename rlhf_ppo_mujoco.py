@@ -1288,13 +1288,24 @@ class HumanTeacher:
     are its experiment, named after the run folder."""
 
     def __init__(
-        self, run_dir, env_id, server, token, instruction, clip_size=320, clip_fps=30, env_kwargs=None, poll_interval=2.0
+        self,
+        run_dir,
+        env_id,
+        server,
+        token,
+        instruction,
+        clip_size=320,
+        clip_fps=30,
+        env_kwargs=None,
+        poll_interval=2.0,
+        pair_check_interval=30.0,
     ):
         self.env_id, self.env_kwargs = env_id, env_kwargs or {}
         self.experiment = experiment_name(run_dir)
         self.pending_path = os.path.join(run_dir, "pending_pairs.npz")
         self.server, self.token = server.rstrip("/"), token
         self.instruction, self.clip_size, self.clip_fps, self.poll_interval = instruction, clip_size, clip_fps, poll_interval
+        self.pair_check_interval = pair_check_interval
         self.lock = threading.Lock()
         self.queued = []  # pair ids still to render, upload and post
         self.waiting = {}  # pair id -> (left, right) segments: asked, not yet answered
@@ -1364,9 +1375,10 @@ class HumanTeacher:
         return not stop.is_set() and self.failure is None
 
     # --- the background thread ---
-    def _request(self, method, path, body=None, content_type="application/json"):
+    def _request(self, method, path, body=None, content_type="application/json", not_found=None):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving)."""
+        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving), but a 404 returns
+        `not_found` where one is given."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -1379,6 +1391,8 @@ class HumanTeacher:
                         print(f"label server at {self.server} is back")
                     return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as error:
+                if error.code == 404 and not_found is not None:
+                    return not_found
                 if error.code < 500:  # the request itself is wrong: retrying cannot help
                     hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
                     raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
@@ -1421,7 +1435,7 @@ class HumanTeacher:
                 self._close_pairs_not_waiting()
             render_env = make_render_env(self.env_id, self.clip_size, self.env_kwargs)
             render_env.reset(seed=0)
-            last_poll = 0.0
+            last_poll, last_check = 0.0, time.time()
             while not self.stop.is_set():
                 with self.lock:
                     pair_id = self.queued[0] if self.queued else None
@@ -1449,6 +1463,9 @@ class HumanTeacher:
                 if pair_id is None or time.time() - last_poll > self.poll_interval:
                     self._fetch_labels()
                     last_poll = time.time()
+                if time.time() - last_check > self.pair_check_interval:
+                    self._check_the_server_has_the_posted_pairs()
+                    last_check = time.time()
                 if pair_id is None:
                     self.stop.wait(self.poll_interval)
             render_env.close()
@@ -1467,6 +1484,19 @@ class HumanTeacher:
             return
         if reply is not None and reply["closed"]:
             print(f"label server: closed {reply['closed']} pairs this run no longer waits for (posted after its last save)")
+
+    def _check_the_server_has_the_posted_pairs(self):
+        """A label server restarted on another database has none of the pairs this run posted: nobody can answer them,
+        and before the run holds a label nothing else tells it (GET /api/labels answers 409 only for a label number
+        the database never gave), so it would wait for them for ever. Its oldest posted, unanswered pair must be there."""
+        with self.lock:
+            posted = next((pair_id for pair_id in self.waiting if pair_id not in self.queued), None)
+        if posted is not None and self._request("GET", f"/api/pairs/{posted}", not_found="not found") == "not found":
+            raise RuntimeError(
+                f"the label server at {self.server} has no pair {posted}, which this run posted: it was restarted on "
+                "another database (--db, a path relative to where it starts)? Restart it on the run's database, then "
+                "--resume"
+            )
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")

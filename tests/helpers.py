@@ -444,6 +444,44 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
         resumed.close()
 
 
+def assert_a_teacher_whose_label_server_lost_its_pairs_stops(label_server, new_teacher, segments):
+    """A label server restarted on another database (a fresh one: started from another folder, or its file deleted)
+    holds none of the pairs the run posted, so nobody can answer them; before the run had received any label nothing
+    told it so (the 409 of GET /api/labels needs a label number the database never gave) and it waited for ever.
+    Restarted on its own database the teacher goes on (no false alarm: it checks a pair and finds it); on another one
+    it stops (its `failure`, on which the run stops and saves), naming the pair the server has not, and
+    wait_for_answers returns; the pairs nobody could answer are kept (the run saves them as it stops). `new_teacher(url)`
+    makes the script's HumanTeacher, checking its posted pairs every 0.5 s; `segments(n)` gives (left, right) for n
+    pairs."""
+    server = label_server()
+    teacher = new_teacher(server.url)
+    teacher.ask(*segments(2))
+    teacher.start()
+    try:
+        wait_for_teacher(teacher, lambda: not teacher.queued, time.time() + 120)  # both pairs posted
+        first, second = sorted(teacher.waiting)
+        server.stop()
+        same = label_server(port=server.port, db=server.db)
+        checked = f"GET /api/pairs/{first} 200"  # the teacher checked its oldest pair on the restarted server
+        assert checked in same.log(until=checked)
+        time.sleep(1.0)  # two more checks
+        assert teacher.failure is None
+        same.stop()
+        label_server(port=server.port, db=Path(server.db).with_name("another.sqlite"))
+        gave_up = threading.Event()
+        timer = threading.Timer(60, gave_up.set)  # without the check the wait would not end
+        timer.start()
+        try:
+            teacher.wait_for_answers(gave_up)
+        finally:
+            timer.cancel()
+        assert not gave_up.is_set(), "the teacher waited 60 s for pairs the label server does not have"
+        assert first in teacher.failure and "another database" in teacher.failure, teacher.failure
+        assert sorted(teacher.waiting) == [first, second]  # still asked: the run saves them as it stops
+    finally:
+        teacher.close()
+
+
 def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, processes=20_000):
     """Pair ids are {run}-{a part drawn at random by each process}-{index}, and a resumed process goes on from the
     saved index: a run killed after posting pairs it had not saved posts its next pairs under the same indices, and if
