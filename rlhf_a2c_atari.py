@@ -1123,10 +1123,11 @@ class RewardModelTraining:
 
 
 # Evaluation of a saved agent
-def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=True):
-    """Game scores of the saved agent (sampling its actions: a greedy Atari policy can stall)."""
+def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=True, video_dir=None):
+    """Game scores of the saved agent (sampling its actions: a greedy Atari policy can stall); with video_dir, games
+    0, 1, 8, ... are saved as MP4s in `video_dir/videos` (--capture-video)."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-    env = make_env(env_id, 0, False, None, noop_max, mask_score)()
+    env = make_env(env_id, 0, video_dir is not None, video_dir, noop_max, mask_score)()
     agent = Agent(env.action_space.n)
     agent.load_state_dict(checkpoint["agent"])
     torch.manual_seed(seed)
@@ -1498,13 +1499,14 @@ def flags_on_command_line(argv):
 
 
 def resumed_args(args: Args, checkpoint, argv=()) -> Args:
-    """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes) comes from
-    this command line, and where its label server is now (--label-server, --label-token, when given). Any other flag
+    """A resumed run keeps its own settings; only what to do with it (--resume, --eval-only, --eval-episodes; with
+    --eval-only, --capture-video: whether to film the evaluation) comes from this command line, and where its label
+    server is now (--label-server, --label-token, when given). Any other flag
     given (set away from its default, or named in `argv`, the command line) that differs from the run's own is refused,
     not dropped, and so is a checkpoint with settings this script does not have (another script's run), and a
     checkpoint whose reward model trained (pretraining too) on labels that are not in its labels/ folder (it would go
     on without them)."""
-    from_command_line = ("resume", "eval_only", "eval_episodes")
+    from_command_line = ("resume", "eval_only", "eval_episodes") + (("capture_video",) if args.eval_only else ())
     saved = dict(checkpoint["args"])
     if saved.pop("frozen_reward", None) is not None and not args.eval_only:
         raise SystemExit(
@@ -1633,7 +1635,10 @@ if __name__ == "__main__":
         args = resumed_args(args, checkpoint, sys.argv[1:])
         if args.eval_only:
             checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
-            scores = evaluate(checkpoint_path, args.env, args.eval_episodes, args.seed, args.noop_max, args.mask_score)
+            video_dir = f"{args.resume}/eval" if args.capture_video else None  # clips in runs/NAME/eval/videos
+            scores = evaluate(
+                checkpoint_path, args.env, args.eval_episodes, args.seed, args.noop_max, args.mask_score, video_dir
+            )
             print(f"eval: {len(scores)} games of {args.env}: score {np.mean(scores):.1f} +- {np.std(scores):.1f}")
             sys.exit(0)
         run_dir = os.path.normpath(args.resume)

@@ -1664,11 +1664,12 @@ def flags_on_command_line(argv):
 
 def resumed_args(args, checkpoint, argv=()):
     """A resumed run keeps its own settings; only what to do with it comes from this command line (--resume,
-    --eval-only, --eval-episodes), and where its label server is now (--label-server, --label-token, when given). Any
+    --eval-only, --eval-episodes; with --eval-only, --capture-video: whether to film the evaluation), and where its
+    label server is now (--label-server, --label-token, when given). Any
     other flag given (set away from its default, or named in `argv`, the command line) that differs from the run's own
     is refused, not dropped, and so is a checkpoint with settings this script does not have (another script's run), and
     a labelled run's checkpoint without its labels (save_labels writes them before every checkpoint)."""
-    from_command_line = ("resume", "eval_only", "eval_episodes")
+    from_command_line = ("resume", "eval_only", "eval_episodes") + (("capture_video",) if args.eval_only else ())
     saved = {"reward_form": "action", **checkpoint["args"]}  # saved before --reward-form: r(o, a)
     unknown = sorted(set(saved) - set(vars(args)))
     if unknown:
@@ -1725,11 +1726,11 @@ def restore_checkpoint(checkpoint, agent, optimizer, reward_training):
 
 
 # Evaluation of a saved agent
-def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0):
-    """True returns of the saved agent taking its most likely action."""
+def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0, video_dir=None):
+    """True returns of the saved agent taking its most likely action; with video_dir, episodes 0, 1, 8, ... are saved
+    as MP4s in `video_dir/videos` (--capture-video)."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-    env = gym.make("MovingDot-v0", observation=observation, max_episode_steps=episode_steps)
-    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = make_env(observation, episode_steps, 0, video_dir is not None, video_dir)()
     agent = Agent(env.observation_space.shape, env.action_space.n)
     agent.load_state_dict(checkpoint["agent"])
     returns = []
@@ -1757,7 +1758,8 @@ if __name__ == "__main__":
                 "error: --eval-only needs --resume runs/<run_name> (a run saved with --save-model) and --eval-episodes 1 or more"
             )
         checkpoint_path = os.path.join(args.resume, "checkpoint.pt")
-        returns = evaluate(checkpoint_path, args.observation, args.episode_steps, args.eval_episodes, args.seed)
+        video_dir = f"{args.resume}/eval" if args.capture_video else None  # Infrastructure: clips in runs/NAME/eval/videos
+        returns = evaluate(checkpoint_path, args.observation, args.episode_steps, args.eval_episodes, args.seed, video_dir)
         print(f"eval: {len(returns)} episodes of MovingDot-v0: true return {np.mean(returns):.1f} +- {np.std(returns):.1f}")
         sys.exit(0)
     if args.resume:

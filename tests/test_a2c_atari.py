@@ -522,6 +522,16 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert evaluation.returncode == 0, evaluation.stderr
     score = float(evaluation.stdout.split("eval: 1 games of PongNoFrameskip-v4: score ")[1].split()[0])
     assert -21 <= score <= -15  # a whole game of a barely trained agent
+    # the same game filmed (--capture-video is the evaluating command's, as in rlhf_ppo_mujoco.py; it was refused, and
+    # a run trained filming filmed no evaluation): in runs/NAME/eval/videos, in colour, the score shown
+    filmed = run_atari(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1 --capture-video")
+    assert filmed.returncode == 0, filmed.stderr
+    assert filmed.stdout.splitlines()[-1] == evaluation.stdout.splitlines()[-1]
+    clips = sorted((run_dir / "eval" / "videos").iterdir())
+    assert [clip.name for clip in clips] == ["episode-0.mp4"]
+    frames = imageio.mimread(clips[0], memtest=False)
+    assert len(frames) > 21 * 20 and frames[0].shape == (210, 160, 3)  # a whole game: 21 points or more
+    assert np.abs(np.asarray(frames[-1][:20], float) - frames[0][:20]).mean() > 0  # the score at the top changed
 
 
 @pytest.mark.slow
