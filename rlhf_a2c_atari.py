@@ -131,7 +131,7 @@ class Args:
     reward_eval_labels: int = 256
     """labels (most recent) the validation pass scores"""
     reward_dropout: float = 0.5
-    """dropout of the reward model's convolutions (C17 A.2: 0.5)"""
+    """dropout of the reward model's convolutions (C17 A.2: 0.5), rounded to a multiple of 1/256 (at most 255/256)"""
     reward_std: float = 0.05
     """standard deviation of the normalised learned reward given to A2C (C17 A.2: 0.05)"""
     pin_reward_level: bool = True
@@ -480,8 +480,8 @@ class Agent(nn.Module):
 
 # RLHF: the reward model (C17 2.2.3, A.2)
 class ByteDropout(nn.Dropout):
-    """nn.Dropout with its mask drawn from random bytes (8 per 64-bit draw), p rounded to a multiple of 1/256
-    (exact for C17's 0.5). PyTorch's CPU dropout draws one random number per element: that was a fifth of a
+    """nn.Dropout with its mask drawn from random bytes (8 per 64-bit draw), p rounded to a multiple of 1/256, at most
+    255/256 (exact for C17's 0.5). PyTorch's CPU dropout draws one random number per element: that was a fifth of a
     reward-model step on a CPU (benchmark/README.md). `generator`: its own random stream (the reward model trains in
     a thread of its own, and the global one would then be drawn from in an order that changes from run to run)."""
 
@@ -490,7 +490,7 @@ class ByteDropout(nn.Dropout):
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
-        n, dropped = x.numel(), round(self.p * 256)
+        n, dropped = x.numel(), min(round(self.p * 256), 255)
         draws = torch.randint(
             -(2**63), 2**63 - 1, ((n + 7) // 8,), dtype=torch.int64, device=x.device, generator=self.generator
         )

@@ -143,7 +143,7 @@ class Args:
     """learning rate of the reward model (Adam)"""
     reward_dropout: float = 0.0
     """dropout on the reward model's hidden units while it trains (C17 2.2.3: "in some domains"; rl-teacher's MuJoCo
-    model: 0.5), rounded to a multiple of 1/256; its predictions use none"""
+    model: 0.5), rounded to a multiple of 1/256 (at most 255/256); its predictions use none"""
     reward_input_norm: bool = True
     """standardise the reward model's inputs by the pretraining labels' observations (C17 does not say; rl-teacher feeds them raw)"""
     reward_batch_size: int = 64

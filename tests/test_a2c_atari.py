@@ -300,6 +300,15 @@ def test_byte_dropout_drops_a_p_share_everywhere_keeps_the_mean_and_routes_gradi
     assert torch.equal(dropout(x), x)
 
 
+def test_byte_dropout_near_1_keeps_one_byte_value_in_256_rather_than_dividing_by_zero():
+    """--reward-dropout takes [0, 1) and ByteDropout rounds p to a multiple of 1/256: from 255.5/256 on that was 256
+    byte values of 256 dropped, and the rescale 256 / (256 - dropped) divided by zero at the first reward-model step,
+    after the pretraining rollouts. It keeps one value in 256 (p 255/256), as rlhf_ppo_mujoco.py's dropout does."""
+    torch.manual_seed(0)
+    y = atari.ByteDropout(0.999).train()(torch.ones(1 << 16))
+    assert torch.unique(y).tolist() == [0.0, 256.0] and (y != 0).float().mean().item() == pytest.approx(1 / 256, abs=0.002)
+
+
 def test_preference_loss_counts_ties_half_and_assumes_ten_percent_random_answers():
     big = torch.tensor([50.0])
     # however sure the model is, a 10% chance of a random answer bounds the loss of a wrong one
