@@ -1361,7 +1361,7 @@ PAGE = """<!doctype html>
  </div>
  <div id="hint"></div>
  <div id="legend">Keys: &larr; left is better, &rarr; right is better, &uarr; equally good, &darr; can't tell;
-  Backspace takes the last answer back</div>
+  <span id="undo-keys">Backspace takes the last answer back</span></div>
 </div>
 <script>
 const $ = (id) => document.getElementById(id);
@@ -1372,13 +1372,16 @@ const params = new URLSearchParams(location.search);
 // a personal link (/?key=...) from a server started with --rater-keys: the server says who this is
 const key = params.get("key"), KEY = key ? {"X-Rater-Key": key} : {};
 $("rater").readOnly = Boolean(key);
-$("rater").value = key ? "" : params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7);
+// the name counts once typed (Enter, or leaving the box), not while it is being typed
+let raterName = key ? "" : (params.get("rater") || localStorage.getItem("rater") || "rater-" + Math.random().toString(36).slice(2, 7)).trim();
+$("rater").value = raterName;
+if (!key) localStorage.setItem("rater", raterName);
 let pair = null, busy = false, retry = null, watched = [false, false], lastTime = [0, 0], last = null, undoTimer = null;
 let failed = [false, false];  // a clip that neither a video nor an image can show
 let refetching = [false, false], playedAgain = [false, false];  // a clip the server did not send; one tried once more
 let cutOff = [0, 0];  // how many times each clip of the pair shown broke off midway
-function rater() { if (!key) localStorage.setItem("rater", $("rater").value.trim()); return $("rater").value.trim(); }
-function show(text) { $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
+function rater() { return key ? $("rater").value.trim() : raterName; }
+function show(text) { $("instruction").textContent = ""; $("message").textContent = text; $("message").classList.remove("hidden"); $("pair").classList.add("hidden"); }
 function notice(text) { $("notice").textContent = text; }
 function status(info) {
   if (key) $("rater").value = info.rater;
@@ -1452,22 +1455,31 @@ function playAgain(i) {  // the clip as a video again, from the server
 }
 // the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
 const PLAYABLE = Boolean(left.canPlayType('video/webm; codecs="vp9"'));
+let asking = 0;  // the latest call of next(): an earlier one still waiting for the server shows nothing, sets no timer
 async function next() {
+  const call = ++asking;
   clearTimeout(retry); pair = null; refetching = [false, false]; showReady();
   if (!PLAYABLE) { show("This browser cannot play the clips (WebM video, VP9): open this page in Chrome, Edge or Firefox."); return; }
   try {
     const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()), {headers: KEY});
+    if (call !== asking) return;
     if (response.status === 204) {
       const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()), {headers: KEY})).json();
+      if (call !== asking) return;
       status({...stats, waiting: 0});
       show("Nothing to label right now: every pair is answered or with another rater. New pairs appear here as the trainer sends them.");
       retry = setTimeout(next, 3000); return;
     }
     const body = await response.json();
+    if (call !== asking) return;
     if (!response.ok) { show("Error: " + body.error); retry = setTimeout(next, 5000); return; }
     pair = body;
-  } catch (error) { show("The label server is not answering; looking for the next pair again in 3 s..."); retry = setTimeout(next, 3000); return; }
+  } catch (error) {
+    if (call !== asking) return;
+    show("The label server is not answering; looking for the next pair again in 3 s..."); retry = setTimeout(next, 3000); return;
+  }
   $("instruction").textContent = pair.instruction;
+  $("undo-keys").classList.toggle("hidden", !(pair.undo_seconds > 0));
   status(pair);
   $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
   watched = [false, false]; failed = [false, false]; playedAgain = [false, false]; cutOff = [0, 0];
@@ -1479,10 +1491,12 @@ async function next() {
     left.currentTime = 0; right.currentTime = 0; lastTime = [0, 0];
   });
 }
-// keep the two clips in step (the right one follows the left one's clock), and see when each has played through:
+// keep two clips of one length in step (the right one follows the left one's clock; clips of different lengths each
+// loop on their own, or pulling the longer one back would count as its loop), and see when each has played through:
 // a looping clip's clock reaches its end or wraps round to the start
 function sync() {
-  if (pair && !left.paused && Math.abs(left.currentTime - right.currentTime) > 0.05) right.currentTime = left.currentTime;
+  const inStep = Math.abs(left.duration - right.duration) < 0.1;
+  if (pair && inStep && !left.paused && Math.abs(left.currentTime - right.currentTime) > 0.05) right.currentTime = left.currentTime;
   if (pair) {
     videos.forEach((v, i) => {
       if (v.duration && (v.currentTime >= v.duration - 0.05 || v.currentTime < lastTime[i] - 0.2)) watched[i] = true;
@@ -1517,12 +1531,16 @@ async function answer(choice) {
     return;
   }
   busy = true;
-  const given = {pair_id: pair.pair_id, rater: rater(), choice: choice};
-  if (await send("/api/labels", given, `Your answer "${NAMES[choice]}"`)) {
-    last = {...given, until: Date.now() + 1000 * pair.undo_seconds}; showUndo();
+  // the name the pair was given to (the box may hold another one by the time the answer is saved)
+  const shown = pair, given = {pair_id: pair.pair_id, rater: pair.rater, choice: choice};
+  try {
+    const reply = await send("/api/labels", given, `Your answer "${NAMES[choice]}"`);
+    if (reply && reply.duplicate) notice("You had answered this pair already (in another tab?): your first answer stays.");
+    else if (reply) { last = {...given, until: Date.now() + 1000 * shown.undo_seconds}; showUndo(); }
+  } finally {
+    busy = false;
   }
-  busy = false;
-  await next();
+  if (pair === shown || pair === null) await next();  // (a new name may have been given its pair meanwhile)
 }
 function showUndo() {
   clearTimeout(undoTimer);
@@ -1557,7 +1575,11 @@ document.addEventListener("keydown", (event) => {
 document.querySelectorAll("button").forEach((b) => b.addEventListener("mousedown", (event) => event.preventDefault()));
 document.querySelectorAll("button[data-choice]").forEach((b) => b.addEventListener("click", () => answer(b.dataset.choice)));
 $("undo").addEventListener("click", undo);
-$("rater").addEventListener("change", next);
+$("rater").addEventListener("change", () => {
+  if (!key) { raterName = $("rater").value.trim(); localStorage.setItem("rater", raterName); }
+  next();
+});
+$("rater").addEventListener("keydown", (event) => { if (event.key === "Enter") $("rater").blur(); });  // arrows answer again
 next();
 </script>
 </body></html>

@@ -46,19 +46,19 @@ return Object.fromEntries(["left", "right"].map((id) => {
 """
 
 
-def square_frames(shade):
-    """1.5 s of frames: a white square crossing a background of `shade`."""
-    frames = np.full((FRAMES, SIDE, SIDE, 3), shade, np.uint8)
+def square_frames(shade, count=FRAMES):
+    """`count` frames (1.5 s by default): a white square crossing a background of `shade` (and again from the left)."""
+    frames = np.full((count, SIDE, SIDE, 3), shade, np.uint8)
     for t, frame in enumerate(frames):
-        frame[40:56, 2 * t : 2 * t + 16] = 255
+        frame[40:56, 2 * t % 80 : 2 * t % 80 + 16] = 255
     return frames
 
 
-def webm_clip(path, shade):
-    """A clip of square_frames(shade) written as the trainer writes its clips."""
+def webm_clip(path, shade, count=FRAMES):
+    """A clip of square_frames(shade, count) written as the trainer writes its clips."""
     imageio.mimwrite(
         path,
-        square_frames(shade),
+        square_frames(shade, count),
         fps=FPS,
         codec="libvpx-vp9",
         macro_block_size=1,
@@ -289,6 +289,7 @@ def test_backspace_takes_the_last_answer_back_and_shows_its_pair_again(label_ser
     show_pair(browser, pairs[1])
     assert text_of(browser, "undo") == 'Undo "Left is better" (Backspace)'
     assert answers_in_database(server.db) == [(pairs[0]["pair_id"], RATER, "left")]
+    assert "Backspace takes the last answer back" in text_of(browser, "legend")
     press(browser, webdriver.Keys.BACKSPACE)
     show_pair(browser, pairs[0])
     assert "taken back" in text_of(browser, "notice")
@@ -319,6 +320,117 @@ def test_an_answer_given_while_the_server_is_down_stays_on_the_page_and_is_sent_
     wait_until(lambda: answers_in_database(db) == [(pairs[0]["pair_id"], RATER, "left")], "the answer reaches the server")
     show_pair(browser, pairs[1])
     assert text_of(browser, "notice") == 'Your answer "Left is better" is saved now.'
+
+
+def rename(driver, name):
+    """Types a new name into the Rater box and leaves it (Tab): the page takes a name once it is typed."""
+    field = driver.find_element("id", "rater")
+    field.click()
+    field.clear()
+    field.send_keys(name, webdriver.Keys.TAB)
+
+
+def test_a_rater_renamed_while_an_answer_waits_for_the_server_goes_on_answering(label_server, clips, browser, tmp_path):
+    """A rater renames themself while their answer waits for a server that is down. Once the answer was saved the page
+    threw (the pair it read was gone by then) and took no key or click after it until reloaded. The answer is the
+    name's the pair was given to, and the new name answers the next pair."""
+    db, port = tmp_path / "restarted.sqlite", free_port()
+    server = label_server(db=db, port=port)
+    pairs = post_pairs(server, clips, 2)
+    browser.get(f"{server.url}/?rater=alice")
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    server.kill()
+    press(browser, webdriver.Keys.ARROW_LEFT)
+    wait_until(lambda: "not saved yet" in text_of(browser, "notice"), "the page says the answer is not saved yet")
+    rename(browser, "bob")
+    label_server(db=db, port=port)
+    show_pair(browser, pairs[1])
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    expected = [(pairs[0]["pair_id"], "alice", "left"), (pairs[1]["pair_id"], "bob", "right")]
+    wait_until(lambda: answers_in_database(db) == expected, "both answers are recorded", show=lambda: answers_in_database(db))
+
+
+def test_an_answer_clicked_while_a_new_name_is_being_typed_is_the_name_the_pair_was_given_to(label_server, clips, browser):
+    """A click on an answer button leaves the focus where it was (buttons never take it): in the Rater box with a name
+    half typed, the answer went out under that half name, which the page also kept as the rater's. The answer is the
+    name's the pair was given to, the name counts once typed (Enter, or leaving the box), and Enter leaves the box, so
+    the arrow keys answer again."""
+    server = label_server()
+    pairs = post_pairs(server, clips, 3)
+    browser.get(f"{server.url}/?rater=alice")
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    field = browser.find_element("id", "rater")
+    field.click()
+    field.send_keys(webdriver.Keys.END, "-s")  # on the way to "alice-smith"
+    browser.find_element("css selector", 'button[data-choice="left"]').click()
+    show_pair(browser, pairs[1])  # still alice's
+    assert answers_in_database(server.db) == [(pairs[0]["pair_id"], "alice", "left")]
+    assert browser.execute_script("return localStorage.getItem('rater')") == "alice"
+    field.send_keys("mith", webdriver.Keys.ENTER)
+    show_pair(browser, pairs[2])  # alice-smith's (pairs[1] stays leased to alice)
+    assert browser.execute_script("return document.activeElement.id") != "rater"
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    expected = [(pairs[0]["pair_id"], "alice", "left"), (pairs[2]["pair_id"], "alice-smith", "right")]
+    wait_until(lambda: answers_in_database(server.db) == expected, "the answer is alice-smith's")
+    assert browser.execute_script("return localStorage.getItem('rater')") == "alice-smith"
+
+
+def test_an_answer_the_server_already_had_is_not_offered_to_be_taken_back(label_server, clips, browser):
+    """The same link open in two tabs is given the same pair in both. The second answer is a duplicate (the first
+    stays), but the page offered to take it back, and Backspace took back the first one."""
+    server = label_server("--undo-seconds", 60)
+    pairs = post_pairs(server, clips, 2)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    answered = {"pair_id": pairs[0]["pair_id"], "rater": RATER, "choice": "left"}  # in the other tab
+    assert server.call("POST", "/api/labels", answered)[0] == 201
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    show_pair(browser, pairs[1])
+    assert "had answered this pair already" in text_of(browser, "notice"), text_of(browser, "notice")
+    assert text_of(browser, "undo") == ""
+    press(browser, webdriver.Keys.BACKSPACE)
+    assert answers_after_a_moment(server.db) == [(pairs[0]["pair_id"], RATER, "left")]
+
+
+def test_a_right_clip_longer_than_the_left_one_takes_answers_only_once_it_has_played_to_its_end(
+    label_server, clips, browser, tmp_path
+):
+    """The page keeps the right clip on the left one's clock; with a longer right clip, pulling it back when the left one
+    looped counted as the right clip having played through, and the pair took answers before its end was shown. Clips
+    of different lengths each play on their own clock."""
+    server = label_server()
+    long_clip = webm_clip(tmp_path / "long.webm", shade=200, count=2 * FRAMES)  # 3 s
+    post_pairs(server, [clips[0], long_clip], 1)
+    browser.get(f"{server.url}/?rater={RATER}")
+    wait_until(lambda: browser.execute_script("return pair !== null && right.duration > 0"), "the pair is shown")
+    browser.execute_script(
+        "window.furthest = 0; (function track() { furthest = Math.max(furthest, right.currentTime);"
+        " if (ready()) window.furthestWhenReady = furthest; else requestAnimationFrame(track); })();"
+    )
+    wait_ready(browser)
+    furthest, duration = browser.execute_script("return [furthestWhenReady, right.duration]")
+    assert furthest >= duration - 0.2, (furthest, duration)
+
+
+def test_the_question_goes_with_its_pair_and_backspace_is_offered_only_where_it_takes_answers_back(
+    label_server, clips, browser
+):
+    """Once no pair was left the page said so under the last pair's question; and with --undo-seconds 0 the key legend
+    offered Backspace, which then did nothing."""
+    server = label_server()  # --undo-seconds 0
+    (pair,) = post_pairs(server, clips, 1)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pair)
+    assert "Backspace" not in text_of(browser, "legend")
+    wait_ready(browser)
+    press(browser, webdriver.Keys.ARROW_LEFT)
+    wait_until(lambda: text_of(browser, "message").startswith("Nothing to label"), "the page says nothing is left")
+    assert text_of(browser, "instruction") == ""
 
 
 @pytest.mark.parametrize("width, height", [(1366, 768), (1280, 800), (1366, 657)])  # 657: 768 less a browser's bars
