@@ -303,6 +303,11 @@ def validate_args(args: Args, run_dir=None) -> None:
             f"error: the batch ({args.num_envs} envs x {args.num_steps} steps = {args.batch_size}) "
             f"must divide into --num-minibatches {args.num_minibatches}"
         )
+    if args.norm_adv and args.batch_size // args.num_minibatches < 2:  # one step's advantage has no std: a NaN update
+        raise SystemExit(
+            f"error: --num-minibatches {args.num_minibatches} makes minibatches of 1 step: --norm-adv needs 2 or more "
+            "(fewer --num-minibatches, or --no-norm-adv)"
+        )
     if args.num_iterations <= args.pretrain_iterations:
         raise SystemExit(
             f"error: --total-timesteps {args.total_timesteps} leaves no RL after {args.pretrain_iterations} "

@@ -207,6 +207,11 @@ def fill_runtime_fields(args: Args) -> None:
             f"must divide into --num-minibatches {args.num_minibatches}"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.norm_adv and args.batch_size // args.num_minibatches < 2:  # one step's advantage has no std: a NaN update
+        raise SystemExit(
+            f"error: --num-minibatches {args.num_minibatches} makes minibatches of 1 step: --norm-adv needs 2 or more "
+            "(fewer --num-minibatches, or --no-norm-adv)"
+        )
     rlhf = args.feedback != "true-reward"
     args.pretrain_iterations = math.ceil(args.pretrain_steps / args.batch_size) if rlhf else 0
     args.num_iterations = args.total_timesteps // args.batch_size

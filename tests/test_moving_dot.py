@@ -983,6 +983,8 @@ BAD_SETTINGS = [
     # one member has no disagreement: variance selection kept the first candidates, random selection unsaid
     ("--ensemble-size 1", "--selection variance needs --ensemble-size 2 or more"),
     ("--num-minibatches 0", "--num-minibatches must be positive"),
+    # a one-step minibatch's advantages have no standard deviation: the update was NaN
+    ("--num-minibatches 1024", "minibatches of 1 step: --norm-adv needs 2 or more"),
     ("--update-epochs 0", "--update-epochs must be positive"),  # was a run that never updated its policy
     ("--segment-len 200", "--segment-len 200 must be between 1 and the rollout length"),
     ("--labels 100000 --total-timesteps 20000", "--labels 100000 is too large for this run"),

@@ -342,6 +342,8 @@ BAD_SETTINGS = [
     ("--total-timesteps 4096", "leaves no RL after 5 pretraining rollouts"),
     ("--num-minibatches 3", "must divide into --num-minibatches 3"),
     ("--num-minibatches 0", "--num-minibatches must be positive"),  # was a ZeroDivisionError
+    # a one-step minibatch's advantages have no standard deviation: the update was NaN, and the next rollout crashed
+    ("--num-minibatches 2048", "minibatches of 1 step: --norm-adv needs 2 or more"),
     ("--num-minibatches -4", "--num-minibatches must be positive"),  # was a run that never updated its policy
     ("--update-epochs 0", "--update-epochs must be positive"),  # the same
     ("--env CartPole-v1", "is not a MuJoCo-style task"),
