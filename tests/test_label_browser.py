@@ -7,7 +7,9 @@ and answers are not wasted: no answer before both clips have played through, fro
 a click; Backspace takes the last answer back; an answer given while the server is down stays on the page and is sent
 when it is back; PNG and GIF clips show as images; a pair with a clip that does not load takes "can't tell" only, a
 clip the server did not send, or sent only in part, is fetched again (one it fails on every time, a 500, is broken);
-clips, question, buttons and key legend fit laptop windows without scrolling."""
+clips, question, buttons and key legend fit laptop windows without scrolling. An answer is the name's its pair was given
+to (a name half typed, or a rename while the server was down, changes nothing); an answer the server already had is
+not offered for undo; a longer right clip must play to its end too."""
 
 import http.client
 import sqlite3
