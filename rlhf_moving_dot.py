@@ -165,7 +165,7 @@ class Args:
     instruction: str = "Which clip shows the dot moving towards the centre (the grey cross)?"
     """with --feedback human: the question raters are asked"""
     clip_fps: int = 6
-    """with --feedback human: playback frame rate; 10 steps at 6 frames/s is a 1.7 s clip (C17 B: 1-2 s)"""
+    """with --feedback human: playback frame rate; 10 steps (11 frames) at 6 frames/s is a 1.8 s clip (C17 B: 1-2 s)"""
 
     # to be filled in runtime
     batch_size: int = 0
