@@ -1009,10 +1009,11 @@ class RewardModelTraining:
         self.thread = ThreadPoolExecutor(1, "reward-training")
         self.job = None  # the thread's latest step (a Future)
 
-    def pretrain(self, buffer, rng, stop):
+    def pretrain(self, buffer, rng, stop, checkpoint=None):
         """C17 A.2: --pretrain-epochs epochs on the pretraining labels before RL starts, then A2C's copy takes the
-        weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10. Returns
-        whether it finished (a stop request ends it after the epoch in progress; a resumed run goes on from there)."""
+        weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10, and then
+        `checkpoint()` if given (a run killed in the epochs resumes after the last tenth). Returns whether it finished
+        (a stop request ends it after the epoch in progress; a resumed run goes on from there)."""
         args = self.args
         epoch_steps, start, first = math.ceil(buffer.size / args.reward_batch_size), time.time(), self.pretrain_epochs_done + 1
         for epoch in range(first, args.pretrain_epochs + 1):
@@ -1040,6 +1041,8 @@ class RewardModelTraining:
                     f"val loss {self.val_loss.nanmean():.3f}"
                 )
             print(line)
+            if checkpoint is not None and epoch % 10 == 0 and epoch < args.pretrain_epochs:
+                checkpoint()
         self.policy_ensemble.load_state_dict(self.training_ensemble.state_dict())
         return True
 
@@ -1783,8 +1786,8 @@ if __name__ == "__main__":
                 args, rng, teacher, buffer, reward_training.policy_ensemble, history, labels_wanted, selection, labels_dir
             )
             if iteration == args.pretrain_iterations:  # C17 A.2: the reward model is fitted before RL starts
-                if args.save_model:  # Infrastructure: a run killed in the wait or the epochs resumes at this round
-                    checkpoint_now()  # (its pairs are saved as asked: the answers given in the wait are not lost)
+                if args.save_model:  # Infrastructure: a run killed in the wait resumes at this round (its pairs are
+                    checkpoint_now()  # saved as asked: the answers given in the wait are not lost); in the epochs, below
                 teacher.wait_for_answers(stop_requested)  # people answer asynchronously; RL cannot start without these
                 store_answers(teacher, buffer, labels_dir)
                 if teacher.failure:  # Infrastructure: the label server refused the run: stop, saving, as at Ctrl-C
@@ -1792,7 +1795,7 @@ if __name__ == "__main__":
                 if buffer.size == 0 and not stop_requested.is_set():  # a reward model fitted on nothing gives NaN
                     failure = NO_PRETRAINING_LABEL.format(threshold=args.teacher_skip_threshold, run_dir=run_dir)
                     break
-                if not reward_training.pretrain(buffer, rng, stop_requested):
+                if not reward_training.pretrain(buffer, rng, stop_requested, checkpoint_now if args.save_model else None):
                     break  # stopped: a resumed run goes on at the next epoch
                 # the games under way began unrewarded: no whole learned score (one that begins with RL has one)
                 predicted_episode_return[:] = np.where(dones[-1], 0.0, np.nan)

@@ -701,6 +701,20 @@ def test_a_run_killed_in_the_pretraining_label_wait_resumes_with_the_answers_giv
 
 
 @pytest.mark.slow
+def test_a_run_killed_in_the_reward_models_pretraining_epochs_resumes_at_its_last_tenth_epoch(tmp_path):
+    """The reward model's 200 pretraining epochs can take hours on a CPU. A run stopped in them (SIGTERM) resumes at
+    the next epoch, but one killed (-9) went back to epoch 1: nothing was saved in the epochs. A checkpoint after every
+    tenth epoch (with the validation pass) keeps them: killed after epoch 12, the resumed run trains from epoch 11."""
+    args = TINY.replace("--pretrain-epochs 2", "--pretrain-epochs 30") + " --save-model"
+    interrupt_run(tmp_path, args, "pretraining the reward model: epoch 12/30", SCRIPT, sig=signal.SIGKILL)
+    run_dir = only_run_dir(tmp_path)
+    resumed = run_atari(tmp_path, f"--resume {run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    epochs = re.findall(r"^pretraining the reward model: epoch (\d+)/30", resumed.stdout, re.M)
+    assert epochs and int(epochs[0]) in (11, 21) and epochs[-1] == "30", epochs
+
+
+@pytest.mark.slow
 def test_a_run_the_label_server_starts_refusing_saves_before_it_stops(tmp_path, label_server):
     args = TINY.replace("--total-timesteps 1200", "--total-timesteps 1000000") + " --feedback human --save-model"
     run_dir, _, _ = assert_a_run_the_label_server_refuses_saves_and_says_so(tmp_path, args, label_server, "step ", SCRIPT)
