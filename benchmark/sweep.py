@@ -27,7 +27,8 @@ and a run under way is left alone (its task and its script hold a lock on run.lo
 its task was killed; where the file system has working locks). A checkpoint resumes with the settings it was started
 with, so a stopped run whose arguments the grid has changed since (steps, flags) is refused with a message, not finished
 at the old ones. A finished run that ran with other settings than the grid gives it now (a grid edited after it
-finished, or another grid's runs in the same --out) stops `local`, `slurm` and `report` with a message naming it and
+finished, another grid's runs in the same --out, or a default its script changed since: every setting is logged as a
+run starts) stops `local`, `slurm` and `report` with a message naming it and
 what differs, rather than count as done and be reported as the grid's; a true-reward run is compared without the flags
 it never reads (TRUE_REWARD_RUNS_IGNORE: the MuJoCo and moving-dot scripts'; an Atari run on every flag). A grid with a
 key not shown above, a key twice in one object, a seed or feedback listed twice, or flags that set what the grid sets
@@ -270,32 +271,43 @@ def check_runs(grid, indices, sweep_dir):
         os.environ.update(environment)
 
 
-def settings_changed(grid, run, started):
+def script_settings(grid, args):
+    """Every setting of the grid's script (its Args) for these arguments, as the script reads them today (tyro: 2e5 and
+    200000 are the same, a flag not given is at today's default), as JSON values; None if the script does not take
+    them (its message in `output`)."""
+    import tyro
+
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):  # tyro's warnings and errors
+            settings = vars(tyro.cli(imported_script(grid).Args, args=args, prog=grid["script"]))
+    except SystemExit:
+        return None, output.getvalue()
+    return json.loads(json.dumps(settings, default=str)), output.getvalue()
+
+
+def settings_changed(grid, run, started, started_settings=None):
     """How the arguments a run was started with (`started`, from its log) differ from those the grid gives it now: a
     list of "--flag then (the grid: now)" ([] where the run is the grid's). They are compared as the script reads them
     (tyro: 2e5 and 200000, or a flag at its default, are the same), a true-reward run's without the flags it never
-    reads (TRUE_REWARD_RUNS_IGNORE). Where the grid's own arguments are not the script's (a misspelt flag), that is the
-    error."""
-    import tyro
-
-    if started == run["args"]:
+    reads (TRUE_REWARD_RUNS_IGNORE). With `started_settings` (the settings the sweep logged as the run started, see
+    execute), a default the script changed since shows too; a log from before that line compares the two command
+    lines read with today's defaults. Where the grid's own arguments are not the script's (a misspelt flag), that is
+    the error."""
+    if started == run["args"] and started_settings is None:
         return []
-    script, parsed = imported_script(grid), []
-    for args in (run["args"], started):
-        output = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):  # tyro's warnings and errors
-                parsed.append(vars(tyro.cli(script.Args, args=args, prog=grid["script"])))
-        except SystemExit:
-            if args is run["args"]:
-                raise SystemExit(
-                    f"{output.getvalue()}error: run {run['name']} of the grid {grid['path']} cannot start: its script "
-                    "does not take its flags (above)"
-                ) from None
-            return [f"{shlex.join(started)}\n    (the grid: {shlex.join(run['args'])})"]  # a flag the script no longer takes
-    now, then = parsed
+    now, output = script_settings(grid, run["args"])
+    if now is None:
+        raise SystemExit(
+            f"{output}error: run {run['name']} of the grid {grid['path']} cannot start: its script does not take its "
+            "flags (above)"
+        )
+    then = started_settings if started_settings is not None else script_settings(grid, started)[0]
+    if then is None:
+        return [f"{shlex.join(started)}\n    (the grid: {shlex.join(run['args'])})"]  # a flag the script no longer takes
     unread = TRUE_REWARD_RUNS_IGNORE.get(Path(grid["script"]).name, ()) if run["mode"] == "true" else ()
-    changed = [name for name in now if name not in unread and then.get(name) != now[name]]
+    # a setting the script did not have then is not compared: runs of that time read no such flag
+    changed = [name for name in now if name not in unread and name in then and then[name] != now[name]]
     return [f"--{name.replace('_', '-')} {then.get(name)} (the grid: {now[name]})" for name in changed]
 
 
@@ -307,7 +319,7 @@ def finished_otherwise(grid, sweep_dir):
     for run in grid["runs"]:
         folder = sweep_dir / run["name"]
         started = started_args(folder / "run.log") if run_state(folder) == "done" else None
-        changed = settings_changed(grid, run, started) if started is not None else []
+        changed = settings_changed(grid, run, started, started_settings(folder / "run.log")) if started is not None else []
         if changed:
             found.append((run["name"], f"{run['name']}: {', '.join(changed)}"))
     return found
@@ -387,6 +399,16 @@ def started_args(log_path):
     return shlex.split(starts[-1])[2:] if starts else None  # after the interpreter and the script
 
 
+def started_settings(log_path):
+    """The settings the sweep logged as the run's last start began (`# settings: {...}`, the line after it: every
+    setting of its script as it read them then), or None (a log from before that line, or none)."""
+    if not log_path.exists():
+        return None
+    found = re.findall(r"^# .* UTC, (started|resumed): .*\n(?:# settings: (.*)\n)?", log_path.read_text(), re.MULTILINE)
+    starts = [settings for kind, settings in found if kind == "started"]
+    return json.loads(starts[-1]) if starts and starts[-1] else None
+
+
 def files_git_tracks(folder):
     """The files in `folder` that git tracks (none outside a repository, or without git)."""
     try:
@@ -428,7 +450,8 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     script = str(ROOT / grid["script"])
     if previous:
         started_with = started_args(folder / "run.log")
-        changed = settings_changed(grid, run, started_with) if started_with is not None else []
+        logged = started_settings(folder / "run.log")
+        changed = settings_changed(grid, run, started_with, logged) if started_with is not None else []
         if changed:  # the checkpoint would keep the old settings
             print(
                 f"error: {run['name']} was started with other settings than the grid's, and its checkpoint resumes "
@@ -448,6 +471,8 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     with open(log_path, "a") as log:
         log.write(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, {'resumed' if previous else 'started'}: ")
         log.write(f"{shlex.join(command)}\n")
+        if not previous:  # every setting as the script reads them now: a default it changes later shows (settings_changed)
+            log.write(f"# settings: {json.dumps(script_settings(grid, run['args'])[0])}\n")
         log.flush()
         attempt_starts = log.tell()
         signalled, children = [], []

@@ -430,6 +430,23 @@ def test_a_finished_run_whose_settings_the_grid_changed_is_refused_not_reported_
         assert f"\n  {name}: --total-timesteps 1536 (the grid: 3072)" in status.stdout
 
 
+def test_a_finished_run_whose_script_changed_a_default_since_is_not_reported_as_the_grids(tmp_path):
+    """The grid's command line can stay the same while its script's defaults change (a later version of it): the
+    command lines, read with today's defaults, were the same, and the runs done at the old default were skipped as
+    done and reported as the grid's. The sweep logs every setting as a run starts and compares those."""
+    script = tmp_path / "rlhf_moving_dot.py"  # a copy of the script that the test can change
+    shutil.copy(ROOT / "rlhf_moving_dot.py", script)
+    grid, out = write_grid(tmp_path, script=str(script), feedback=[30]), tmp_path / "out"
+    assert sweep("local", grid, "--out", out, "--workers", 1).returncode == 0
+    assert sweep("report", grid, "--out", out).returncode == 0  # the same script: the grid's
+    source = script.read_text()
+    assert source.count("    learning_rate: float = 2.5e-4\n") == 1
+    script.write_text(source.replace("    learning_rate: float = 2.5e-4\n", "    learning_rate: float = 3e-4\n"))
+    report = sweep("report", grid, "--out", out)
+    assert report.returncode != 0 and "Traceback" not in report.stderr, report.stderr
+    assert "position__labels30__1: --learning-rate 0.00025 (the grid: 0.0003)" in report.stderr, report.stderr
+
+
 def test_a_finished_true_reward_run_is_the_grids_whatever_the_flags_only_labelled_runs_read(tmp_path):
     """Grids that differ only in flags of the preference learning (the label schedule, the reward model) share their
     true-reward runs: those never read them. A flag the true reward run does read is a different run, and a value
