@@ -1360,8 +1360,8 @@ PAGE = """<!doctype html>
   <button data-choice="right" tabindex="-1">Right is better &rarr;</button>
  </div>
  <div id="hint"></div>
- <div id="legend">Keys: &larr; left is better, &rarr; right is better, &uarr; equally good, &darr; can't tell;
-  <span id="undo-keys">Backspace takes the last answer back</span></div>
+ <div id="legend">Keys: &larr; left is better, &rarr; right is better, &uarr; equally good, &darr; can't tell<span
+  id="undo-keys">; Backspace takes the last answer back</span></div>
 </div>
 <script>
 const $ = (id) => document.getElementById(id);
@@ -1514,7 +1514,10 @@ async function send(path, body, what) {
     try {
       const headers = {"Content-Type": "application/json", ...KEY};
       const response = await fetch(path, {method: "POST", headers: headers, body: JSON.stringify(body)});
-      if (response.ok) { notice(attempt ? `${what} is saved now.` : ""); return await response.json().catch(() => ({})); }
+      if (response.ok) {
+        notice(attempt ? `${what} is saved now.` : "");
+        return {...(await response.json().catch(() => ({}))), retried: attempt > 0};
+      }
       const error = (await response.json().catch(() => ({}))).error || response.statusText;
       if (response.status < 500) { notice(`${what} was not saved: ${error}`); return null; }
       notice(`${what} is not saved yet (the label server failed: ${error}); it is sent again in 3 s.`);
@@ -1535,7 +1538,8 @@ async function answer(choice) {
   const shown = pair, given = {pair_id: pair.pair_id, rater: pair.rater, choice: choice};
   try {
     const reply = await send("/api/labels", given, `Your answer "${NAMES[choice]}"`);
-    if (reply && reply.duplicate) notice("You had answered this pair already (in another tab?): your first answer stays.");
+    // (a duplicate after a retry is this page's own answer, saved by a try whose reply was lost)
+    if (reply && reply.duplicate && !reply.retried) notice("You had answered this pair already (in another tab?): your first answer stays.");
     else if (reply) { last = {...given, until: Date.now() + 1000 * shown.undo_seconds}; showUndo(); }
   } finally {
     busy = false;

@@ -1153,6 +1153,7 @@ def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=
 # answers fetched, the unanswered pairs saved with the run. Readers of the synthetic path can skip this block.
 # =====================================================================================================================
 MU_OF_CHOICE = {"left": 1.0, "right": 0.0, "equal": 0.5}  # "cant_tell" is dropped (C17 2.2.2)
+MISSING = object()  # what HumanTeacher._request returns for a 404 where the caller expects one
 
 
 class HumanTeacher:
@@ -1247,8 +1248,8 @@ class HumanTeacher:
     # --- the background thread ---
     def _request(self, method, path, body=None, content_type="application/json", not_found=None):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
-        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving), but a 404 returns
-        `not_found` where one is given."""
+        a 4xx stops the thread with the server's message (its `failure`: the run stops, saving), but the server's 404
+        for a pair it does not have returns `not_found` where one is given."""
         delay, warned = 1.0, False
         while not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
@@ -1261,11 +1262,12 @@ class HumanTeacher:
                         print(f"label server at {self.server} is back")
                     return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as error:
-                if error.code == 404 and not_found is not None:
+                reply = error.read().decode(errors="replace")
+                if error.code == 404 and not_found is not None and "unknown pair" in reply:  # the server's own 404
                     return not_found
                 if error.code < 500:  # the request itself is wrong: retrying cannot help
                     hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
-                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {error.read().decode(errors='replace')}{hint}")
+                    raise RuntimeError(f"{method} {path}: HTTP {error.code} {reply}{hint}")
                 reason = f"HTTP {error.code}"
             except (urllib.error.URLError, OSError) as error:
                 reason = str(getattr(error, "reason", error))
@@ -1341,15 +1343,18 @@ class HumanTeacher:
     def _check_the_server_has_the_posted_pairs(self):
         """A label server restarted on another database has none of the pairs this run posted: nobody can answer them,
         and before the run holds a label nothing else tells it (GET /api/labels answers 409 only for a label number
-        the database never gave), so it would wait for them for ever. Its oldest posted, unanswered pair must be there."""
+        the database never gave), so it would wait for them for ever. The oldest and the newest pair posted and not
+        yet answered must be there (the newest: one posted to the wrong database before the right one was back)."""
         with self.lock:
-            posted = next((pair_id for pair_id in self.waiting if pair_id not in self.queued), None)
-        if posted is not None and self._request("GET", f"/api/pairs/{posted}", not_found="not found") == "not found":
-            raise RuntimeError(
-                f"the label server at {self.server} has no pair {posted}, which this run posted: it was restarted on "
-                "another database (--db, a path relative to where it starts)? Restart it on the run's database, then "
-                "--resume"
-            )
+            answered = {pair_id for pair_id, _, _ in self.answered}
+            posted = [pair_id for pair_id in self.waiting if pair_id not in self.queued and pair_id not in answered]
+        for pair_id in dict.fromkeys(posted[:1] + posted[-1:]):
+            if self._request("GET", f"/api/pairs/{pair_id}", not_found=MISSING) is MISSING:
+                raise RuntimeError(
+                    f"the label server at {self.server} has no pair {pair_id}, which this run posted: was it restarted "
+                    "on another database (--db, a path relative to where it starts)? Restart it on the run's database, "
+                    "then --resume"
+                )
 
     def _fetch_labels(self):
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")

@@ -302,12 +302,13 @@ def settings_changed(grid, run, started, started_settings=None):
             f"{output}error: run {run['name']} of the grid {grid['path']} cannot start: its script does not take its "
             "flags (above)"
         )
-    then = started_settings if started_settings is not None else script_settings(grid, started)[0]
+    then = script_settings(grid, started)[0]  # a setting added to the script since: as the run's command line gives it
+    if then is not None and started_settings is not None:
+        then |= started_settings
     if then is None:
         return [f"{shlex.join(started)}\n    (the grid: {shlex.join(run['args'])})"]  # a flag the script no longer takes
     unread = TRUE_REWARD_RUNS_IGNORE.get(Path(grid["script"]).name, ()) if run["mode"] == "true" else ()
-    # a setting the script did not have then is not compared: runs of that time read no such flag
-    changed = [name for name in now if name not in unread and name in then and then[name] != now[name]]
+    changed = [name for name in now if name not in unread and then.get(name) != now[name]]
     return [f"--{name.replace('_', '-')} {then.get(name)} (the grid: {now[name]})" for name in changed]
 
 
@@ -406,7 +407,11 @@ def started_settings(log_path):
         return None
     found = re.findall(r"^# .* UTC, (started|resumed): .*\n(?:# settings: (.*)\n)?", log_path.read_text(), re.MULTILINE)
     starts = [settings for kind, settings in found if kind == "started"]
-    return json.loads(starts[-1]) if starts and starts[-1] else None
+    try:
+        settings = json.loads(starts[-1]) if starts and starts[-1] else None
+    except ValueError:  # a line cut short (a full disk, an edit): the command line is compared instead
+        return None
+    return settings if isinstance(settings, dict) else None
 
 
 def files_git_tracks(folder):

@@ -445,6 +445,13 @@ def test_a_finished_run_whose_script_changed_a_default_since_is_not_reported_as_
     report = sweep("report", grid, "--out", out)
     assert report.returncode != 0 and "Traceback" not in report.stderr, report.stderr
     assert "position__labels30__1: --learning-rate 0.00025 (the grid: 0.0003)" in report.stderr, report.stderr
+    # a flag the script gains after the run, which the grid then sets: the run read no such flag, as at its default
+    added = '    learning_rate: float = 2.5e-4\n    new_setting: int = 0\n    """a flag added after the run"""\n'
+    script.write_text(source.replace("    learning_rate: float = 2.5e-4\n", added))
+    write_grid(tmp_path, script=str(script), feedback=[30], flags=TINY_FLAGS + " --new-setting 1")
+    report = sweep("report", grid, "--out", out)
+    assert report.returncode != 0 and "Traceback" not in report.stderr, report.stderr
+    assert "position__labels30__1: --new-setting 0 (the grid: 1)" in report.stderr, report.stderr
 
 
 def test_a_finished_true_reward_run_is_the_grids_whatever_the_flags_only_labelled_runs_read(tmp_path):
