@@ -304,19 +304,26 @@ def test_backspace_takes_the_last_answer_back_and_shows_its_pair_again(label_ser
     assert server.call("GET", f"/api/labels?experiment={EXPERIMENT}")[1]["labels"] == []
 
 
-def test_an_answer_given_while_the_server_is_down_stays_on_the_page_and_is_sent_when_it_is_back(
-    label_server, clips, browser, tmp_path
-):
+def answer_left_while_the_server_is_down(label_server, clips, browser, tmp_path, rater):
+    """Two pairs posted; `rater` answers the first (Left) once the server is killed, and the page says the answer is not
+    saved yet. Returns (the server's database, its port, the pairs): start it again there to take the answer."""
     db, port = tmp_path / "restarted.sqlite", free_port()
     server = label_server(db=db, port=port)
     pairs = post_pairs(server, clips, 2)
-    browser.get(f"{server.url}/?rater={RATER}")
+    browser.get(f"{server.url}/?rater={rater}")
     show_pair(browser, pairs[0])
     wait_ready(browser)
     server.kill()
     press(browser, webdriver.Keys.ARROW_LEFT)
     notice = wait_until(lambda: text_of(browser, "notice"), "the page says what happened to the answer")
     assert notice.startswith('Your answer "Left is better" is not saved yet') and "sent again" in notice, notice
+    return db, port, pairs
+
+
+def test_an_answer_given_while_the_server_is_down_stays_on_the_page_and_is_sent_when_it_is_back(
+    label_server, clips, browser, tmp_path
+):
+    db, port, pairs = answer_left_while_the_server_is_down(label_server, clips, browser, tmp_path, RATER)
     assert videos(browser)["left"]["src"] == f"/clips/{pairs[0]['left_clip']}"  # the pair stays on the page
     label_server(db=db, port=port)
     wait_until(lambda: answers_in_database(db) == [(pairs[0]["pair_id"], RATER, "left")], "the answer reaches the server")
@@ -336,15 +343,7 @@ def test_a_rater_renamed_while_an_answer_waits_for_the_server_goes_on_answering(
     """A rater renames themself while their answer waits for a server that is down. Once the answer was saved the page
     threw (the pair it read was gone by then) and took no key or click after it until reloaded. The answer is the
     name's the pair was given to, and the new name answers the next pair."""
-    db, port = tmp_path / "restarted.sqlite", free_port()
-    server = label_server(db=db, port=port)
-    pairs = post_pairs(server, clips, 2)
-    browser.get(f"{server.url}/?rater=alice")
-    show_pair(browser, pairs[0])
-    wait_ready(browser)
-    server.kill()
-    press(browser, webdriver.Keys.ARROW_LEFT)
-    wait_until(lambda: "not saved yet" in text_of(browser, "notice"), "the page says the answer is not saved yet")
+    db, port, pairs = answer_left_while_the_server_is_down(label_server, clips, browser, tmp_path, "alice")
     rename(browser, "bob")
     label_server(db=db, port=port)
     show_pair(browser, pairs[1])
