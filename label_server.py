@@ -53,7 +53,8 @@ class Args:
     max_json_bytes: int = 64 * 1024
     """largest JSON request body accepted (413 above it), except a resumed trainer's list of pairs (max_clip_bytes)"""
     lease_seconds: float = 60.0
-    """a pair handed to a rater is theirs this long (or until they answer): others are given other pairs meanwhile"""
+    """a pair handed to a rater is theirs this long (or until they answer; their page renews it while they are at it):
+    others are given other pairs meanwhile"""
     live_seconds: float = 600.0
     """pairs of experiments whose trainer posted pairs or polled labels within this time are served first"""
     undo_seconds: float = 10.0
@@ -348,21 +349,24 @@ class LabelStore:
         golden_due = golden_open > 0 and self._answered(rater) % self.golden_every == 0
         return self.open_count - answered_open - held_back - golden_open + golden_due
 
-    def next_pair(self, rater):
-        """The pair to show this rater, leased to them for lease_seconds; None if there is none."""
+    def next_pair(self, rater, showing=None):
+        """The pair to show this rater, leased to them for lease_seconds; None if there is none. `showing`: the pair
+        their page shows, given again (its lease renewed) while it still needs their answer, though its lease ran out."""
         with self.lease_lock:
             now = time.monotonic()
             leased = self._leased_by_others(rater, now)
             with self.lock:
                 answered = self._answered(rater)
                 mine = self.lease_of.get(rater, (None,))[0]
-                still_mine = mine is not None and self.db.execute(
-                    "SELECT open FROM pairs p WHERE pair_id = ? AND NOT EXISTS "
-                    "(SELECT 1 FROM answers a WHERE a.pair_id = p.pair_id AND a.rater = ?)",
-                    (mine, rater),
-                ).fetchone() in [(1,)]
-                if still_mine:
-                    pair_id = mine  # asked again before answering (a reload): the same pair, not one more taken
+                # asked again before answering (a reload, or the page renewing its lease): the same pair, not one more
+                # taken; the page's pair while it is open, not answered by the rater and not taken by others' leases
+                kept = [
+                    p
+                    for p in dict.fromkeys([showing, mine])
+                    if p is not None and self._still_needs(p, rater, p == mine, leased)
+                ]
+                if kept:
+                    pair_id = kept[0]
                 else:
                     # pairs of experiments whose trainer is still there first (a run that ended no longer needs
                     # labels), oldest first; then the rest, oldest first
@@ -388,8 +392,18 @@ class LabelStore:
         pair["left_url"], pair["right_url"] = f"/clips/{pair['left_clip']}", f"/clips/{pair['right_clip']}"
         pair["rater"], pair["answered"], pair["waiting"] = rater, answered, waiting
         pair["counted"] = rater not in self.excluded
-        pair["undo_seconds"] = self.undo_seconds
+        pair["undo_seconds"], pair["lease_seconds"] = self.undo_seconds, self.lease_seconds
         return pair
+
+    def _still_needs(self, pair_id, rater, leased_to_rater, leased):
+        """Can this pair be given to the rater again: open, not answered by them, and theirs (a live lease) or not held
+        back by other raters' leases? Under lease_lock and lock."""
+        row = self.db.execute(
+            "SELECT golden IS NOT NULL FROM pairs p WHERE pair_id = ? AND open = 1 AND NOT EXISTS "
+            "(SELECT 1 FROM answers a WHERE a.pair_id = p.pair_id AND a.rater = ?)",
+            (pair_id, rater),
+        ).fetchone()
+        return row is not None and (leased_to_rater or self._available(pair_id, row[0], leased))
 
     def get_pair(self, pair_id):
         """A pair as the trainer posted it, with its answers and, once final, its label."""
@@ -1174,7 +1188,8 @@ def make_handler(store, args, rater_of_key=None):
 
         def next_pair(self, query):
             rater = self.rater(query.get("rater"))
-            pair = store.next_pair(rater)
+            showing = query.get("showing")
+            pair = store.next_pair(rater, showing and require_id(showing, "showing"))
             if pair is None:
                 self.send_empty(HTTPStatus.NO_CONTENT)
             else:
@@ -1455,15 +1470,39 @@ function playAgain(i) {  // the clip as a video again, from the server
 }
 // the trainers' clips are WebM/VP9: a browser that cannot play them (an old Safari) would see every clip fail
 const PLAYABLE = Boolean(left.canPlayType('video/webm; codecs="vp9"'));
+// the pair shown is leased to this rater for the server's --lease-seconds, after which another rater may be given it:
+// the page renews the lease while the rater is at it (a key, a click, the pointer moving, the tab shown again), so an
+// idle tab holds no pair for ever, and it moves on from a pair that needs no more answers: one taken by another rater
+// once its lease ran out, or one whose run no longer waits for it (before sending an answer to it, too)
+let leasedAt = 0, activeAt = 0, renewing = false;
+for (const type of ["keydown", "pointerdown", "pointermove", "wheel", "touchstart"]) {
+  document.addEventListener(type, () => { activeAt = performance.now(); }, {capture: true, passive: true});
+}
+document.addEventListener("visibilitychange", () => { if (!document.hidden) activeAt = performance.now(); });
+function leaseAge() { return performance.now() - leasedAt; }
+const GONE = "needs no more answers (another rater was given it once it had waited for you past its lease, or its run no longer waits for it)";
+setInterval(async () => {  // renewed after half the lease (at most 15 s), if the rater was there since the last time
+  if (!pair || busy || renewing || document.hidden || activeAt <= leasedAt) return;
+  if (leaseAge() < Math.min(500 * pair.lease_seconds, 15000)) return;
+  renewing = true;
+  try { await next(pair); } finally { renewing = false; }
+}, 500);
 let asking = 0;  // the latest call of next(): an earlier one still waiting for the server shows nothing, sets no timer
-async function next() {
+// the rater's next pair; with `showing` (the pair shown), that pair again while it still needs this rater's answer
+// (its lease renewed), kept too if the server does not answer (an answer to it is kept on the page while it is down)
+async function next(showing = null) {
   const call = ++asking;
-  clearTimeout(retry); pair = null; refetching = [false, false]; showReady();
+  clearTimeout(retry);
+  if (!showing) { pair = null; refetching = [false, false]; showReady(); }
   if (!PLAYABLE) { show("This browser cannot play the clips (WebM video, VP9): open this page in Chrome, Edge or Firefox."); return; }
   try {
-    const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()), {headers: KEY});
+    const kept = showing ? "&showing=" + encodeURIComponent(showing.pair_id) : "";
+    const response = await fetch("/api/pairs/next?rater=" + encodeURIComponent(rater()) + kept, {headers: KEY});
     if (call !== asking) return;
+    if (showing && !response.ok) return;
+    if (showing) leasedAt = performance.now();
     if (response.status === 204) {
+      if (showing) { notice(`The pair you were shown ${GONE}.`); pair = null; showReady(); }
       const stats = await (await fetch("/api/stats?rater=" + encodeURIComponent(rater()), {headers: KEY})).json();
       if (call !== asking) return;
       status({...stats, waiting: 0});
@@ -1473,9 +1512,12 @@ async function next() {
     const body = await response.json();
     if (call !== asking) return;
     if (!response.ok) { show("Error: " + body.error); retry = setTimeout(next, 5000); return; }
+    leasedAt = performance.now();
+    if (showing && body.pair_id === showing.pair_id) { status(body); return; }  // still this rater's
+    if (showing) notice(`The pair you were shown ${GONE}.`);
     pair = body;
   } catch (error) {
-    if (call !== asking) return;
+    if (call !== asking || showing) return;
     show("The label server is not answering; looking for the next pair again in 3 s..."); retry = setTimeout(next, 3000); return;
   }
   $("instruction").textContent = pair.instruction;
@@ -1537,6 +1579,8 @@ async function answer(choice) {
   // the name the pair was given to (the box may hold another one by the time the answer is saved)
   const shown = pair, given = {pair_id: pair.pair_id, rater: pair.rater, choice: choice};
   try {
+    if (leaseAge() > 900 * shown.lease_seconds) await next(shown);  // its lease may have run out: still this rater's?
+    if (pair !== shown) { notice(`Your answer "${NAMES[choice]}" was not sent: the pair you were shown ${GONE}.`); return; }
     const reply = await send("/api/labels", given, `Your answer "${NAMES[choice]}"`);
     // (a duplicate after a retry is this page's own answer, saved by a try whose reply was lost)
     if (reply && reply.duplicate && !reply.retried) notice("You had answered this pair already (in another tab?): your first answer stays.");

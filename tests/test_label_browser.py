@@ -9,7 +9,9 @@ when it is back; PNG and GIF clips show as images; a pair with a clip that does 
 clip the server did not send, or sent only in part, is fetched again (one it fails on every time, a 500, is broken);
 clips, question, buttons and key legend fit laptop windows without scrolling. An answer is the name's its pair was given
 to (a name half typed, or a rename while the server was down, changes nothing); an answer the server already had is
-not offered for undo; a longer right clip must play to its end too."""
+not offered for undo; a longer right clip must play to its end too. The page renews its pair's lease while its rater
+is at it, and moves on from a pair that needs no more answers (taken by another rater once its lease ran out, or
+closed by its run), also before sending an answer to it."""
 
 import http.client
 import sqlite3
@@ -396,6 +398,76 @@ def test_an_answer_the_server_already_had_is_not_offered_to_be_taken_back(label_
     assert text_of(browser, "undo") == ""
     press(browser, webdriver.Keys.BACKSPACE)
     assert answers_after_a_moment(server.db) == [(pairs[0]["pair_id"], RATER, "left")]
+
+
+def taken_by(server, rater, pair):
+    """`rater` asks for a pair (as another rater's page does) and answers it if it is `pair`; returns whether it was
+    (once: asked again, the pair given instead would be the same one, its lease renewed)."""
+    status, body = server.call("GET", f"/api/pairs/next?rater={rater}")
+    if status != 200 or body["pair_id"] != pair["pair_id"]:
+        return False
+    return server.call("POST", "/api/labels", {"pair_id": pair["pair_id"], "rater": rater, "choice": "left"})[0] == 201
+
+
+def test_an_answer_to_a_pair_another_rater_took_once_its_lease_ran_out_is_not_sent(label_server, clips, browser):
+    """A rater who leaves the page past the pair's lease and answers on coming back: another rater had been given the
+    pair and answered it, so the answer counted for nothing. The page first asks whether the pair is still the rater's,
+    and shows the next pair instead, saying why."""
+    server = label_server("--lease-seconds", 2)
+    pairs = post_pairs(server, clips, 2)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pairs[0])
+    wait_ready(browser)
+    time.sleep(2.2)  # the page was given its pair before it showed it: its lease has run out by now
+    assert taken_by(server, "bob", pairs[0]), "the idle page's pair was not given to bob once its lease ran out"
+    press(browser, webdriver.Keys.ARROW_RIGHT)
+    show_pair(browser, pairs[1])
+    notice = text_of(browser, "notice")
+    assert notice.startswith('Your answer "Right is better" was not sent') and "no more answers" in notice, notice
+    assert answers_after_a_moment(server.db) == [(pairs[0]["pair_id"], "bob", "left")]
+
+
+def keep_the_pointer_moving(driver, seconds, check=lambda: None):
+    """Moves the pointer to and fro over the page for `seconds`, calling `check()` in between."""
+    end, offset = time.monotonic() + seconds, 5
+    webdriver.ActionChains(driver).move_to_element(driver.find_element("id", "status")).perform()
+    while time.monotonic() < end:
+        webdriver.ActionChains(driver).move_by_offset(offset, 0).perform()
+        offset = -offset
+        check()
+        time.sleep(0.2)
+
+
+def test_a_rater_at_the_page_keeps_its_pair_past_the_lease_and_a_pair_no_longer_needed_is_replaced(
+    label_server, clips, browser
+):
+    """A pair stayed on the page after its lease ran out, and after its run no longer needed it: the rater answered it
+    for nothing. The page renews the lease while the rater is at it (an idle tab does not hold a pair for ever), and
+    moves on from a pair that another rater took and answered, or whose experiment was closed, saying why."""
+    server = label_server("--lease-seconds", 2)
+    (pair,) = post_pairs(server, clips, 1)
+    browser.get(f"{server.url}/?rater={RATER}")
+    show_pair(browser, pair)
+
+    def nobody_else_is_given_it():
+        assert server.call("GET", "/api/pairs/next?rater=bob")[0] == 204, "the pair went to bob while its rater was there"
+
+    keep_the_pointer_moving(browser, 5, check=nobody_else_is_given_it)  # 2.5 leases
+    # left alone, the page gives its pair back; once bob has answered it, the rater coming back is told
+    time.sleep(3)  # the lease renewed last at most half a second after the pointer's last move, then runs out
+    assert taken_by(server, "bob", pair), "the idle page's pair was not given to bob once its lease ran out"
+    keep_the_pointer_moving(browser, 2)
+    message = wait_until(lambda: text_of(browser, "message"), "the page moves on", show=lambda: text_of(browser, "notice"))
+    assert message.startswith("Nothing to label"), message
+    assert "The pair you were shown needs no more answers" in text_of(browser, "notice")
+    # a pair whose run closed its experiment
+    (late,) = post_pairs(server, clips[2:], 1, pair_id="late", left_clip="late-l", right_clip="late-r")
+    show_pair(browser, late)
+    assert server.call("POST", f"/api/experiments/{EXPERIMENT}/close")[0] == 200
+    keep_the_pointer_moving(browser, 2)
+    message = wait_until(lambda: text_of(browser, "message"), "the page moves on", show=lambda: text_of(browser, "notice"))
+    assert message.startswith("Nothing to label"), message
+    assert answers_after_a_moment(server.db) == [(pair["pair_id"], "bob", "left")]
 
 
 def test_a_right_clip_longer_than_the_left_one_takes_answers_only_once_it_has_played_to_its_end(

@@ -48,8 +48,10 @@ def take_back(server, pair_id, rater):
     return server.call("POST", "/api/labels/undo", {"pair_id": pair_id, "rater": rater})
 
 
-def next_pair(server, rater):
-    status, body = server.call("GET", f"/api/pairs/next?rater={rater}")
+def next_pair(server, rater, showing=None):
+    """The pair the server gives `rater` (None for a 204); `showing`: the pair their page shows, to keep if it may."""
+    status, body = server.call("GET", f"/api/pairs/next?rater={rater}" + (f"&showing={showing}" if showing else ""))
+    assert status in (200, 204), body
     return None if status == 204 else body
 
 
@@ -802,6 +804,33 @@ def test_a_rater_asking_again_before_answering_gets_the_same_pair(label_server):
     assert next_pair(server, "bob")["pair_id"] == "gold0"
     answer(server, "gold0", "bob", "left")
     assert next_pair(server, "bob")["pair_id"] == "p1"  # p0 is ann's
+
+
+def test_a_page_keeps_the_pair_it_shows_while_that_pair_still_needs_its_raters_answer(label_server):
+    """A page renews the lease of the pair it shows (`showing`): the same pair again while it is open, not answered by
+    the rater and not taken by others' leases, though its lease ran out; otherwise the rater's next pair, so that the
+    page does not keep a pair whose answer would count for nothing (another rater's label, a run that ended)."""
+    server = label_server("--lease-seconds", 0.5)
+    for pair_id in ("p0", "p1", "p2"):
+        post_pair(server, pair_id)
+    assert next_pair(server, "ann")["pair_id"] == "p0"
+    bobs = next_pair(server, "bob")
+    assert bobs["pair_id"] == "p1" and bobs["lease_seconds"] == 0.5  # the page renews before it ends
+    time.sleep(0.8)  # both leases ran out; nobody took the pairs meanwhile
+    assert next_pair(server, "bob", showing="p1")["pair_id"] == "p1"  # not p0, the oldest pair nobody holds
+    assert next_pair(server, "cat")["pair_id"] == "p0"  # bob's lease is back: cat gets ann's old pair
+    answer(server, "p0", "cat", "left")  # and its label
+    assert next_pair(server, "ann", showing="p0")["pair_id"] == "p2"  # ann's page moves on: p0 needs no answer
+    # a pair the rater answered already (in another tab), or one whose run has ended, is not kept either
+    answer(server, "p2", "ann", "right")
+    assert next_pair(server, "ann", showing="p2") is None  # p1 is bob's
+    assert server.call("POST", "/api/experiments/exp/close")[0] == 200
+    post_pair(server, "p3")
+    post_pair(server, "p4")
+    assert next_pair(server, "bob", showing="p1")["pair_id"] == "p3"
+    assert next_pair(server, "dan", showing="unknown-pair")["pair_id"] == "p4"  # e.g. a server on another database
+    status, body = server.call("GET", "/api/pairs/next?rater=dan&showing=a%20b")
+    assert status == 400 and "showing" in body["error"], body
 
 
 def test_pairs_of_live_experiments_come_first(label_server):
