@@ -482,6 +482,37 @@ def assert_a_teacher_whose_label_server_lost_its_pairs_stops(label_server, new_t
         teacher.close()
 
 
+def assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back(label_server, new_teacher, segments):
+    """A label server restarted by mistake on another database, then on its own again before the teacher's next check:
+    the pair posted meanwhile is on the other database only, and nobody can answer it. The oldest pair waiting is on
+    the server, so the check looks at the newest one too: the teacher stops, naming that pair. Arguments as in
+    assert_a_teacher_whose_label_server_lost_its_pairs_stops."""
+    server = label_server()
+    teacher = new_teacher(server.url)
+    teacher.pair_check_interval = 3600.0  # no check on the other database (it would miss the oldest pair there)
+    teacher.ask(*segments(1))
+    teacher.start()
+    try:
+        wait_for_teacher(teacher, lambda: not teacher.queued, time.time() + 120)
+        (oldest,) = teacher.waiting
+        server.stop()
+        other = label_server(port=server.port, db=Path(server.db).with_name("other.sqlite"))
+        teacher.ask(*segments(1))
+        wait_for_teacher(teacher, lambda: not teacher.queued, time.time() + 120)
+        (newest,) = set(teacher.waiting) - {oldest}
+        assert other.call("GET", f"/api/pairs/{newest}")[0] == 200  # posted to the other database
+        other.stop()
+        label_server(port=server.port, db=server.db)
+        teacher.pair_check_interval = 0.5
+        deadline = time.time() + 30
+        while teacher.failure is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert teacher.failure is not None, "the teacher waits for a pair the label server does not have"
+        assert newest in teacher.failure and oldest not in teacher.failure, teacher.failure
+    finally:
+        teacher.close()
+
+
 def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, processes=20_000):
     """Pair ids are {run}-{a part drawn at random by each process}-{index}, and a resumed process goes on from the
     saved index: a run killed after posting pairs it had not saved posts its next pairs under the same indices, and if

@@ -20,6 +20,7 @@ from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_teacher_whose_label_server_lost_its_pairs_stops,
+    assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
@@ -809,10 +810,17 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     )
 
 
-def test_a_label_server_restarted_on_another_database_stops_the_teacher(tmp_path, label_server):
+@pytest.mark.parametrize(
+    "assert_it",
+    [
+        assert_a_teacher_whose_label_server_lost_its_pairs_stops,
+        assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
+    ],
+)
+def test_a_label_server_restarted_on_another_database_stops_the_teacher(tmp_path, label_server, assert_it):
     rng = np.random.default_rng(0)
     history = noisy_history(rng)
-    assert_a_teacher_whose_label_server_lost_its_pairs_stops(
+    assert_it(
         label_server,
         lambda url: atari.HumanTeacher(
             url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2, pair_check_interval=0.5
