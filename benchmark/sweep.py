@@ -312,6 +312,25 @@ def settings_changed(grid, run, started, started_settings=None):
     return [f"--{name.replace('_', '-')} {then.get(name)} (the grid: {now[name]})" for name in changed]
 
 
+def in_a_process_of_its_own(function, *arguments):
+    """`function(*arguments)` (a function of this file, its arguments and result JSON) in a short-lived Python process:
+    a run's task, which waits beside its run for hours (a Slurm task within its --mem), does not keep what reading the
+    run's settings imports (the script: torch and the simulator, about 220 MB)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import sweep; function, arguments = json.load(sys.stdin); "
+        "print('\\n' + json.dumps(getattr(sweep, function)(*arguments)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent)],
+        input=json.dumps([function, arguments]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if done.returncode != 0:  # its traceback went to stderr, as this process's would have
+        raise SystemExit(f"error: reading the run's settings failed (exit {done.returncode}; the reason above)")
+    return json.loads(done.stdout.splitlines()[-1])  # (the script may print as it is imported)
+
+
 def finished_otherwise(grid, sweep_dir):
     """The grid's finished runs whose last start had other settings than the grid gives them now (a grid edited after
     they finished, or another grid's runs in the same folder), each as (name, "name: how") (settings_changed). A log without
@@ -456,7 +475,9 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     if previous:
         started_with = started_args(folder / "run.log")
         logged = started_settings(folder / "run.log")
-        changed = settings_changed(grid, run, started_with, logged) if started_with is not None else []
+        changed = (
+            in_a_process_of_its_own("settings_changed", grid, run, started_with, logged) if started_with is not None else []
+        )
         if changed:  # the checkpoint would keep the old settings
             print(
                 f"error: {run['name']} was started with other settings than the grid's, and its checkpoint resumes "
@@ -477,7 +498,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         log.write(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, {'resumed' if previous else 'started'}: ")
         log.write(f"{shlex.join(command)}\n")
         if not previous:  # every setting as the script reads them now: a default it changes later shows (settings_changed)
-            log.write(f"# settings: {json.dumps(script_settings(grid, run['args'])[0])}\n")
+            log.write(f"# settings: {json.dumps(in_a_process_of_its_own('script_settings', grid, run['args'])[0])}\n")
         log.flush()
         attempt_starts = log.tell()
         signalled, children = [], []

@@ -204,6 +204,35 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     assert not (log.parent / ".gitignore").exists()
 
 
+def memory_of(pid):
+    """A process's resident memory (MiB) and whether it has torch's library loaded."""
+    resident = int(re.search(r"^VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)[1]) / 1024
+    return resident, "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_runs_task_keeps_none_of_its_scripts_imports_while_the_run_goes_on(tmp_path):
+    """A run's task (a local worker's, a Slurm task's) waits beside its run for hours. To log the run's settings as it
+    started, and to compare them as it resumed, it imported the run's script: torch and the simulator, about 220 MB
+    held for nothing (within a Slurm task's --mem). It reads them in a short-lived process instead."""
+    grid, out = write_grid(tmp_path, steps=STOPPABLE_STEPS, flags=TINY_FLAGS + " --checkpoint-every 1"), tmp_path / "out"
+    log = out / "position__labels30__1" / "run.log"
+
+    def steps_logged_since(attempt):  # a progress line after the task's "started:" or "resumed:" line
+        text = log.read_text() if log.exists() else ""
+        return f"{attempt}: " in text and re.search(r"^step \d+,", text.rsplit(f"{attempt}: ")[-1], re.M)
+
+    for attempt in ("started", "resumed"):
+        task = subprocess.Popen([sys.executable, str(SWEEP), "task", grid, "--index", "1", "--out", out], cwd=ROOT)
+        try:
+            assert wait_until(lambda: steps_logged_since(attempt), 120), log.read_text()
+            resident, torch = memory_of(task.pid)
+        finally:
+            task.send_signal(signal.SIGTERM)
+            assert task.wait(timeout=60) == 0
+        assert not torch and resident < 100, f"the task {attempt} holds {resident:.0f} MiB, torch loaded: {torch}"
+    assert "settings: " in log.read_text()  # logged as the run started
+
+
 def test_a_run_whose_partial_log_git_tracks_is_refused_until_it_is_untracked(tmp_path):
     """The .gitignore that keeps a run under way out of `git add` cannot untrack a file git already tracks (a partial
     run.log committed by hand): running it would put a partial log in the next commit, so the sweep says how to untrack
