@@ -14,7 +14,8 @@ A grid is a JSON file (benchmark/grids/*.json):
               "Reacher-v5": {"steps": 300000, "flags": "--segment-len 15"},
               "Walker2d-v4": {"seeds_by_feedback": {"true": [1, 2, 3, 4], "350": [1, 2, 3, 4]}}}}
                                                 # seeds_by_feedback (here or at the top): some feedback settings' own
-                                                # seeds, keyed by the feedback as a string; the others keep "seeds"
+                                                # seeds, keyed by the feedback as a string; the others keep "seeds" (an
+                                                # env with its own seeds needs its own seeds_by_feedback if the top has one)
 
 Every run gets its own folder, {out}/{env}__{true|labelsN}__{seed}/, where the script is started with `--threads 1
 --save-model` (its runs/ folder, with TensorBoard events and checkpoints, is not for committing); its output is appended
@@ -180,6 +181,12 @@ def load_grid(path):
                 raise SystemExit(f"error: the grid {path}'s {which} set {name}, which the grid sets for each run")
     for env, overrides in grid["envs"].items():
         setting = {**grid, **(overrides or {})}
+        if "seeds" in (overrides or {}) and "seeds_by_feedback" not in overrides and grid.get("seeds_by_feedback"):
+            feedbacks = ", ".join(grid["seeds_by_feedback"]) if isinstance(grid["seeds_by_feedback"], dict) else "some"
+            raise SystemExit(  # which of the two did the grid mean for those runs? (the grid's own, unseen, before)
+                f"error: the grid {path}'s {env} sets its own seeds and the grid's seeds_by_feedback those of {feedbacks}: "
+                f"give {env} its own seeds_by_feedback too (it takes the place of the grid's)"
+            )
         seeds, seeds_by_feedback = setting.get("seeds", [1, 2, 3]), setting.get("seeds_by_feedback", {})
         if not isinstance(seeds_by_feedback, dict):
             raise SystemExit(

@@ -631,6 +631,10 @@ def test_the_report_of_a_batch_under_way_judges_only_the_runs_that_have_finished
         ({"seeds": [1, 2, 1]}, "lists seed 1 twice"),
         ({"envs": {"position": {"seeds_by_feedback": {"30": [2, 2]}}}}, "lists seed 2 twice"),
         ({"feedback": ["true", 30, 30]}, "lists feedback 30 twice"),
+        (  # an env's own seeds, or the grid's seeds of one feedback? (the latter went unseen)
+            {"seeds_by_feedback": {"true": [1, 2]}, "envs": {"position": {"seeds": [3]}}},
+            "position sets its own seeds and the grid's seeds_by_feedback those of true",
+        ),
         ({"seedz": [1, 2]}, "has an unknown key 'seedz' (known: "),
         ({"envs": {"position": {"step": 99}}}, "position has an unknown key 'step' (known: "),
         ({"flags": TINY_FLAGS + " --seed 3"}, "flags set --seed, which the grid sets for each run"),
