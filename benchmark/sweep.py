@@ -440,6 +440,19 @@ def started_settings(log_path):
     return settings if isinstance(settings, dict) else None
 
 
+def code_version(script):
+    """The repository's commit, and whether the run's script differs from it: the code a run started or resumed with
+    (a resumed run goes on with the code of its resumption, not its start's)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        changed = subprocess.run(["git", "status", "--porcelain", "--", script], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown (no git)"
+    if head.returncode != 0:
+        return "unknown (not in a git repository)"
+    return f"commit {head.stdout.strip()}" + (f", {Path(script).name} changed since" if changed.stdout.strip() else "")
+
+
 def files_git_tracks(folder):
     """The files in `folder` that git tracks (none outside a repository, or without git)."""
     try:
@@ -506,6 +519,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         log.write(f"{shlex.join(command)}\n")
         if not previous:  # every setting as the script reads them now: a default it changes later shows (settings_changed)
             log.write(f"# settings: {json.dumps(in_a_process_of_its_own('script_settings', grid, run['args'])[0])}\n")
+        log.write(f"# code: {code_version(script)}\n")
         log.flush()
         attempt_starts = log.tell()
         signalled, children = [], []

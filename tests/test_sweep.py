@@ -189,6 +189,9 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_when_run_again(tmp_path):
     again = sweep("task", grid, "--index", 1, "--out", out)
     assert again.returncode == 0, again.stderr
     second = log.read_text()[len(first) :]
+    # the code each attempt ran (a resumed run goes on with the code of its resumption)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert commit and f"\n# code: commit {commit}" in first and f"\n# code: commit {commit}" in second, (first, second)
     assert "resumed: " in second.splitlines()[0] and " --resume runs/MovingDot-v0-position__sweep__1__" in second
     assert "resumed runs/MovingDot-v0-position__sweep__1__" in second
     first_step_after = int(re.search(r"^step (\d+),", second, re.M)[1])
