@@ -104,7 +104,8 @@ class Args:
     pretrain_steps: int = 25600
     """agent steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
     pretrain_epochs: int = 200
-    """epochs of reward-model training on the pretraining labels before RL starts (C17 A.2: 200)"""
+    """epochs of reward-model training on the pretraining labels before RL starts (C17 A.2: 200); an epoch: as many
+    minibatches as the labels fill, each drawn at random (with replacement)"""
     label_buffer: int = 3000
     """labels kept for reward training: the latest this many (C17 A.2: 3000); bounds the memory"""
     segment_len: int = 25
@@ -169,14 +170,14 @@ class Args:
     clip_fps: int = 15
     """with --feedback human: playback frame rate; 25 steps at 15 frames/s is the game's speed, a 1.7 s clip"""
 
-    # to be filled in runtime
-    batch_size: int = 0
+    # to be filled in runtime (not flags: a value given would be overwritten unseen)
+    batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (computed in runtime)"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (computed in runtime)"""
-    iterations_per_round: int = 0
+    iterations_per_round: tyro.conf.Suppress[int] = 0
     """A2C iterations per label round (computed in runtime)"""
-    pretrain_iterations: int = 0
+    pretrain_iterations: tyro.conf.Suppress[int] = 0
     """iterations of the initial policy used only for pretraining labels (computed in runtime)"""
 
 
@@ -326,6 +327,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         print(f"warning: no score layout known for '{game}': the score stays visible to the reward model and raters")
     if min(args.num_envs, args.num_steps, args.total_timesteps, args.log_every, args.checkpoint_every) < 1:
         raise SystemExit("error: --num-envs, --num-steps, --total-timesteps, --log-every, --checkpoint-every must be positive")
+    if args.checkpoint_every != Args.checkpoint_every and not (args.save_model or args.resume):
+        raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
     if args.reward_norm_window < 1 or not args.reward_std > 0:
         raise SystemExit("error: --reward-norm-window and --reward-std must be positive")
     not_numbers = [f"--{name.replace('_', '-')}" for name, value in vars(args).items() if value != value]  # nan only
@@ -1010,8 +1013,8 @@ class RewardModelTraining:
         self.job = None  # the thread's latest step (a Future)
 
     def pretrain(self, buffer, rng, stop, checkpoint=None):
-        """C17 A.2: --pretrain-epochs epochs on the pretraining labels before RL starts, then A2C's copy takes the
-        weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10, and then
+        """C17 A.2: --pretrain-epochs epochs on the pretraining labels before RL starts (each epoch as many minibatches
+        as the labels fill, drawn at random with replacement), then A2C's copy takes the weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10, and then
         `checkpoint()` if given (a run killed in the epochs resumes after the last tenth). Returns whether it finished
         (a stop request ends it after the epoch in progress; a resumed run goes on from there)."""
         args = self.args

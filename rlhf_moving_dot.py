@@ -118,7 +118,7 @@ class Args:
     """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
     pretrain_epochs: int = 200
     """epochs of reward-model training on the pretraining labels (or the offline database) before RL starts (C17
-    A.2: 200)"""
+    A.2: 200); an epoch: as many minibatches as the labels fill, each drawn at random (with replacement)"""
     schedule_horizon: float = 2e5
     """labels after pretraining arrive at a rate proportional to horizon / (T + horizon) (C17 A.1: 2e6 for runs of
     millions of steps; scaled down to this problem's runs)"""
@@ -167,14 +167,14 @@ class Args:
     clip_fps: int = 6
     """with --feedback human: playback frame rate; 10 steps (11 frames) at 6 frames/s is a 1.8 s clip (C17 B: 1-2 s)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
+    # to be filled in runtime (not flags: a value given would be overwritten unseen)
+    batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
     """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (computed in runtime)"""
-    pretrain_iterations: int = 0
+    pretrain_iterations: tyro.conf.Suppress[int] = 0
     """rollouts of the initial policy used only for pretraining labels (computed in runtime)"""
 
 
@@ -341,6 +341,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(f"error: --threads must be positive and --seed in [0, 2**32 - 1] (got {args.threads}, {args.seed})")
     if not 0 < args.learning_rate < math.inf or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
+    if args.checkpoint_every != Args.checkpoint_every and not (args.save_model or args.resume):
+        raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
     # settings that only one kind of teacher reads: given to another, they would be silently ignored (a resumed run's
@@ -395,12 +397,24 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
+    gamma, steps = args.teacher_gamma, args.segment_len  # a step's true reward is -1, 0 or 1
+    widest = 2 * (steps if gamma == 1 else (1 - gamma**steps) / (1 - gamma))
+    if args.teacher_equal_margin >= widest:
+        raise SystemExit(
+            f"error: --teacher-equal-margin {args.teacher_equal_margin:g} makes every answer equal: two segments' "
+            f"(discounted) true returns differ by at most {widest:.2f} here"
+        )
     # a rollout holds this many pairs of distinct segments (sample_segments draws without repeats while it can; the 10x
     # candidates of variance selection, pairs asked in place of skipped ones and offline pairs may repeat a segment;
     # select_pairs redraws the right side of a pair that would show one segment twice)
     per_iteration = label_schedule(args)
-    capacity = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, args.episode_steps) // 2
-    within = f" (episodes of {args.episode_steps} steps)"
+    segments = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, args.episode_steps)
+    capacity, within = segments // 2, f" (episodes of {args.episode_steps} steps)"
+    if args.offline and segments < 2:  # its pairs may repeat a segment, but need two
+        raise SystemExit(
+            f"error: --offline needs two {args.segment_len}-step segments in a rollout, and one can hold as few as "
+            f"{segments} segments{within}. Use a shorter --segment-len or a longer rollout."
+        )
     if not args.offline and per_iteration.max() > capacity:
         peak_in_pretraining = per_iteration.argmax() < args.pretrain_iterations
         where, longer = ("a pretraining", "--pretrain-steps") if peak_in_pretraining else ("an RL", "--total-timesteps")
@@ -1150,7 +1164,8 @@ class RewardModelTraining:
 
 
 def pretrain_reward_model(reward_training, buffer, args, rng):
-    """C17 A.2: --pretrain-epochs passes over the pretraining labels (offline: the database) before RL starts, then a
+    """C17 A.2: --pretrain-epochs epochs on the pretraining labels (offline: the database) before RL starts (each
+    epoch as many minibatches as the labels fill, drawn at random with replacement, not a pass over them), then a
     validation pass."""
     epoch_steps = math.ceil(buffer.size / args.reward_batch_size)
     reward_training.train(buffer, args.pretrain_epochs, epoch_steps, args, rng, validate_at_end=True)

@@ -126,7 +126,8 @@ class Args:
     pretrain_steps: int = 10240
     """environment steps of the initial policy from which the pretraining labels are drawn (count in total_timesteps)"""
     pretrain_epochs: int = 50
-    """epochs of reward-model training on the pretraining labels before RL starts"""
+    """epochs of reward-model training on the pretraining labels before RL starts; an epoch: as many minibatches as
+    the labels fill, each drawn at random (with replacement)"""
     schedule_horizon: float = 2e5
     """labels after pretraining arrive at a rate proportional to horizon / (T + horizon), T the steps so far (C17 A.1:
     2e6; README: departures from C17)"""
@@ -183,14 +184,14 @@ class Args:
     clip_fps: int = 30
     """with --feedback human: playback frame rate (C17 B: clips of 1-2 s)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
+    # to be filled in runtime (not flags: a value given would be overwritten unseen)
+    batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
     """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (computed in runtime)"""
-    pretrain_iterations: int = 0
+    pretrain_iterations: tyro.conf.Suppress[int] = 0
     """rollouts of the initial policy used only for pretraining labels (computed in runtime)"""
 
 
@@ -306,6 +307,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit(f"error: --threads must be positive and --seed in [0, 2**32 - 1] (got {args.threads}, {args.seed})")
     if not 0 < args.learning_rate < math.inf or min(args.checkpoint_every, args.eval_episodes) < 1:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
+    if args.checkpoint_every != Args.checkpoint_every and not (args.save_model or args.resume):
+        raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
     # gamma 1: a fall's absorbing value, its reward / (1 - gamma), would be 0/0 (README "Episodes that end early")
     if not (0 <= args.gamma < 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive")

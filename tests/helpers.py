@@ -780,3 +780,21 @@ def assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice(
         assert received == [0.0], received  # the third pair's answer only: the first two are in the labels already
     finally:
         resumed.close()
+
+
+def assert_the_fields_computed_at_run_time_are_not_flags(args_class, fields, capsys):
+    """The fields of Args that fill_runtime_fields computes were flags (CleanRL's Args shows them too), and a value
+    given was overwritten unseen: `--batch-size 4096` ran batches of --num-envs x --num-steps. Now refused, and not in
+    --help."""
+    import tyro
+
+    for field in fields:
+        flag = f"--{field.replace('_', '-')}"
+        assert hasattr(args_class(), field)
+        with pytest.raises(SystemExit):
+            tyro.cli(args_class, args=[flag, "7"])
+        assert f"Unrecognized options: {flag}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tyro.cli(args_class, args=["--help"])
+    shown = capsys.readouterr().out
+    assert "--num-envs" in shown and not [field for field in fields if f"--{field.replace('_', '-')}" in shown]

@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_the_fields_computed_at_run_time_are_not_flags,
     assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
@@ -1097,6 +1098,7 @@ def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_
         ({"feedback": "human", "teacher_epsilon": 0.1}, "error: --teacher-epsilon is for the synthetic teacher"),
         ({"teacher_beta": 0.0}, "--teacher-beta must be positive"),
         ({"teacher_equal_margin": -0.5}, "--teacher-equal-margin must be at least 0"),
+        ({"checkpoint_every": 100}, "--checkpoint-every is for --save-model"),  # no checkpoint was written
         ({"reward_lr": 0.0}, "--reward-lr and --learning-rate must be positive"),
         # one member has no disagreement: variance selection kept the first candidates, random selection unsaid
         ({"ensemble_size": 1}, "--selection variance needs --ensemble-size 2 or more"),
@@ -1106,6 +1108,11 @@ def test_impossible_settings_are_refused_with_a_message(settings, message):
     # the checks the script runs before creating anything; their SystemExit prints the message without a traceback
     with pytest.raises(SystemExit, match=re.escape(message)):
         checked_args(**settings)
+
+
+def test_the_fields_computed_at_run_time_are_not_flags(capsys):
+    fields = ["batch_size", "num_iterations", "iterations_per_round", "pretrain_iterations"]
+    assert_the_fields_computed_at_run_time_are_not_flags(atari.Args, fields, capsys)
 
 
 def test_a_resumed_run_keeps_its_own_settings_and_a_frozen_reward_run_of_an_older_version_is_refused():

@@ -24,6 +24,7 @@ from helpers import (
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_teacher_whose_label_server_lost_its_pairs_stops,
+    assert_the_fields_computed_at_run_time_are_not_flags,
     assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
@@ -1002,6 +1003,8 @@ BAD_SETTINGS = [
     ("--labels 10000 --pretrain-fraction 0.01 --episode-steps 10", "in an RL rollout. Use fewer labels, a shorter --segm"),
     # a rollout that begins inside an episode holds fewer than the first (here 31 starts, not 79): was a crash mid-run
     ("--num-steps 128 --episode-steps 150 --segment-len 100 --num-envs 2 --labels 20 --total-timesteps 20480", "as few as 0"),
+    # offline pairs may repeat segments, but a rollout with none crashed the run at its second pretraining rollout
+    ("--offline --num-envs 1 --num-steps 16 --segment-len 10 --episode-steps 12 --labels 4", "can hold as few as 0 segments"),
     ("--total-timesteps 8192", "leaves no RL after 8 pretraining rollouts"),
 ]
 
@@ -1012,6 +1015,10 @@ BAD_NUMBERS = [
     ("--schedule-horizon 0", "--schedule-horizon must be a positive number of steps"),
     ("--teacher-beta -1", "--teacher-beta must be positive"),
     ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
+    # two 10-step segments' true returns differ by 20 at most: every answer was "equal", the labels said nothing
+    ("--teacher-equal-margin 20 --segment-len 10", "--teacher-equal-margin 20 makes every answer equal"),
+    ("--teacher-equal-margin 10 --teacher-gamma 0.5 --segment-len 10", "differ by at most 4.00 here"),
+    ("--checkpoint-every 5", "--checkpoint-every is for --save-model"),  # no checkpoint was written
     ("--reward-std -1", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
     ("--reward-lr inf", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
     ("--reward-batch-size 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward"),
@@ -1047,6 +1054,11 @@ def test_validate_args_rejects_impossible_settings_with_a_message(args, message)
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_dot(tmp_path, args, timeout=120), message)
+
+
+def test_the_fields_computed_at_run_time_are_not_flags(capsys):
+    fields = ["batch_size", "minibatch_size", "num_iterations", "pretrain_iterations"]
+    assert_the_fields_computed_at_run_time_are_not_flags(dot.Args, fields, capsys)
 
 
 def test_a_resumed_run_is_not_refused_its_own_settings_that_a_new_run_would_be():

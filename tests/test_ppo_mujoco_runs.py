@@ -11,6 +11,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 import tyro
 from helpers import (
+    assert_the_fields_computed_at_run_time_are_not_flags,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_run_killed_after_pretraining_resumes_pretrained,
@@ -370,6 +371,7 @@ BAD_NUMBERS = [
     ("--reward-updates 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward"),
     ("--reward-eval-every 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and"),
     ("--checkpoint-every 0", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
+    ("--checkpoint-every 5", "--checkpoint-every is for --save-model"),  # no checkpoint was written
     ("--learning-rate -1", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
     ("--learning-rate inf", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
     ("--feedback true-reward --ent-coef-final inf", "--ent-coef and --ent-coef-final must be finite numbers"),
@@ -419,6 +421,11 @@ def test_impossible_settings_are_refused_with_a_message(args, message):
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
+
+
+def test_the_fields_computed_at_run_time_are_not_flags(capsys):
+    fields = ["batch_size", "minibatch_size", "num_iterations", "pretrain_iterations"]
+    assert_the_fields_computed_at_run_time_are_not_flags(rl.Args, fields, capsys)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # validate_args probes Hopper-v4 (gymnasium prefers v5)
