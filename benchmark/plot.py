@@ -32,7 +32,11 @@ def progress(log_path):
     """(steps, mean true return of the last 10 episodes) of every progress line of one run, and its wall time in
     seconds (NaN when the log has none)."""
     with open(log_path) as log:
-        text = log.read()
+        return progress_in(log.read())
+
+
+def progress_in(text):
+    """progress() of a log's text."""
     kept, wall = [], WALL.findall(text)
     for step, ret in PROGRESS.findall(text):
         # a run resumed with `--resume ... >> LOG` starts again at its checkpoint's step: its lines replace the

@@ -75,7 +75,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import fmt, plt, progress, seeds_std  # noqa: E402 (plot.py sets matplotlib's file-only backend)
+from plot import fmt, plt, progress_in, seeds_std  # noqa: E402 (plot.py sets matplotlib's file-only backend)
 
 import numpy as np  # noqa: E402
 
@@ -462,13 +462,34 @@ def files_git_tracks(folder):
     return listed.stdout.splitlines() if listed.returncode == 0 else []
 
 
+def since_last_start(log_text):
+    """A run's log from its last start on (`# ... UTC, started: `; resumptions go on from it, a new start does not)."""
+    return log_text[max([0] + [m.start() for m in re.finditer(r"^# .* UTC, started: ", log_text, re.MULTILINE)]) :]
+
+
 # --- one run ----------------------------------------------------------------------------------------------------------
+def found_done(grid, run, folder):
+    """ "done" for a run found finished, or "failed" (saying why) where it ran with other settings than the grid gives
+    it: a sweep of another grid in the same --out finished it after this sweep's check (refuse_finished_otherwise)."""
+    (folder / ".gitignore").unlink(missing_ok=True)  # a task killed between done.json and the unlink in execute
+    started = started_args(folder / "run.log")
+    logged = started_settings(folder / "run.log")
+    changed = in_a_process_of_its_own("settings_changed", grid, run, started, logged) if started is not None else []
+    if changed:
+        print(
+            f"error: {run['name']} was finished with other settings than the grid's (another grid's sweep in the same "
+            f"--out?): {', '.join(changed)}\n  delete {folder} to run it at the grid's settings",
+            file=sys.stderr,
+        )
+        return "failed"
+    return "done"
+
+
 def execute(grid, run, sweep_dir, on_signal_requeue=False):
     """Run (or resume) one run to its end, or until this process is signalled; returns its state afterwards."""
     folder = sweep_dir / run["name"]
     if run_state(folder) == "done":
-        (folder / ".gitignore").unlink(missing_ok=True)  # a task killed between done.json and the unlink below
-        return "done"
+        return found_done(grid, run, folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = lock_run(folder)  # two processes of one run would write one log and one checkpoint
     if lock is None:
@@ -476,9 +497,8 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         print(f"error: {run['name']} is running already ({folder / 'run.lock'} is held: {holder})", file=sys.stderr)
         return "running"
     if run_state(folder) == "done":  # finished while this task waited for the lock
-        (folder / ".gitignore").unlink(missing_ok=True)
         lock.close()
-        return "done"
+        return found_done(grid, run, folder)
     tracked = files_git_tracks(folder)
     if tracked:  # the .gitignore below cannot untrack them: `git add benchmark` would commit a partial log
         print(
@@ -548,7 +568,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
         # resume, one that died after a checkpoint too (killed, or SIGTERMed while it shut down); the wall time is of
         # those that logged their exit (a task killed outright, with its machine say, logs none)
         text = log_path.read_text()
-        this_run = text[max([0] + [m.start() for m in re.finditer(r"^# .* UTC, started: ", text, re.MULTILINE)]) :]
+        this_run = since_last_start(text)
         attempts = len(re.findall(r"^# .* UTC, (?:started|resumed): ", this_run, re.MULTILINE))
         walls = [float(w) for w in re.findall(r"^# exit -?\d+, wall_s ([\d.]+)$", this_run, re.MULTILINE)]
         record = {"wall_s": round(sum(walls), 1), "attempts": attempts}
@@ -674,7 +694,7 @@ def submit_slurm(grid, sweep_dir, options, indices):
     job = submitted.stdout.strip().split(";")[0]
     print(
         f"submitted job array {job}: {len(todo)} runs ({batch}); when it is done: python benchmark/sweep.py report "
-        f"{grid['path']}"
+        f"{shlex.quote(str(grid['path']))} --out {shlex.quote(str(sweep_dir))}"
     )
     return job
 
@@ -699,8 +719,8 @@ def curves(grid, sweep_dir):
     found = {}
     for run in grid["runs"]:
         log = sweep_dir / run["name"] / "run.log"
-        if log.exists():
-            steps, returns, _ = progress(log)
+        if log.exists():  # a start that died before its first checkpoint was started again: its lines are not the run's
+            steps, returns, _ = progress_in(since_last_start(log.read_text()))
             if len(steps):
                 done = run_state(sweep_dir / run["name"]) == "done"
                 found.setdefault(run["env"], {}).setdefault(run["mode"], []).append((steps, returns, done))
@@ -902,6 +922,7 @@ def main():
     if options.command == "local":
         stopped_by, failed = run_local(grid, sweep_dir, options.workers, batch)
         if stopped_by is None:
+            refuse_finished_otherwise(grid, sweep_dir)  # (another grid's sweep in the same --out, meanwhile)
             write_report(grid, sweep_dir)
         if failed:
             print(

@@ -1062,6 +1062,50 @@ def test_the_ratio_of_a_task_with_negative_returns_measures_the_progress_from_th
     assert re.search(r"\| 350 labels \| 1 \(1\) \| -8\.0 ± 0\.0 \| 0\.89 \| 0\.90: not met \|", table), table
 
 
+def test_a_run_started_again_is_reported_from_its_new_start_not_from_the_attempt_it_replaced(tmp_path):
+    """A run killed before its first checkpoint starts again from step 0. Until the new start logged returns at the
+    old steps, the report showed the abandoned attempt's last step and return (and a restart with another iteration
+    size kept its steps for good)."""
+    grid, out = write_grid(tmp_path, feedback=["true"]), tmp_path / "out"
+    (out / "position__true__1").mkdir(parents=True)
+    start = "# 2026-12-04 10:00:00 UTC, started: python rlhf_moving_dot.py\n"
+    first = "".join(f"step {1024 * i}, SPS 100, true return {i / 10:.1f}\n" for i in range(16, 41))
+    second = "".join(f"step {1024 * i}, SPS 100, learned return 0.5\n" for i in range(1, 11))  # no true return yet
+    log = out / "position__true__1" / "run.log"
+    log.write_text(start + first + "# exit -9\n" + start + second)
+    report = sweep("report", grid, "--out", out)
+    assert "no run has logged progress yet" in report.stdout + report.stderr, report.stdout + report.stderr
+    log.write_text(start + first + "# exit -9\n" + start + second + "step 11264, SPS 100, true return 0.7\n")
+    report = sweep("report", grid, "--out", out)
+    assert "| position | 1536 (at 11264) | true reward | 1 (0) | 0.7 ± 0.0 |" in report.stdout, report.stdout
+
+
+def test_a_run_another_grid_finished_in_the_same_folder_is_not_counted_as_this_grids(tmp_path):
+    """The check for finished runs with other settings ran only as a sweep started: a run that a second sweep (another
+    grid, the same --out) finished meanwhile counted as done, and was reported as this grid's."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    grid_a = write_grid(tmp_path / "a", feedback=["true"])  # 1536 steps
+    grid_b, out = write_grid(tmp_path / "b", steps=2048, feedback=["true"]), tmp_path / "out"
+    assert sweep("task", grid_a, "--index", 0, "--out", out).returncode == 0
+    result = sweep("task", grid_b, "--index", 0, "--out", out)
+    assert result.returncode != 0 and "--total-timesteps 1536 (the grid: 2048)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_report_command_printed_after_a_slurm_submission_reads_the_sweeps_folder(tmp_path):
+    """It named the grid only: run as printed, the report read benchmark/sweeps/{grid}, not the sweep's --out."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho '4242;cluster'\n")  # a submission, without a cluster
+    (fake / "sbatch").chmod(0o755)
+    grid, out = write_grid(tmp_path), tmp_path / "my sweep"
+    result = sweep("slurm", grid, "--out", out, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    command = shlex.split(result.stdout.split("when it is done: ")[1])
+    assert command[-4:] == ["report", str(grid), "--out", str(out)], command
+
+
 def test_no_ratio_is_given_where_the_true_reward_runs_ended_below_their_start():
     # counted from the start, a baseline that got worse would turn a still worse run into a ratio above 1
     sys.path.insert(0, str(ROOT / "benchmark"))
