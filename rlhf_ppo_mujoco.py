@@ -1767,14 +1767,15 @@ def restore_random_states(rng, states):
 def stop_on_signals():
     """Ctrl-C, `kill`, `timeout` or a cluster's scheduler (SIGTERM) set the returned flag: the training loop stops at
     the end of the iteration in progress, where everything a resumed run needs is consistent. A second Ctrl-C stops at
-    once, without saving; one within a second of the first is the same stop."""
+    once, without saving; one within a second of the first is the same stop, and so is any SIGTERM after the first."""
     stop_requested, asked_at = threading.Event(), []
 
     def request_stop(signum, frame):
         now = time.monotonic()
         if asked_at:  # (not the event: a second signal can arrive while the first handler sets it)
-            if now - asked_at[0] < 1:  # the same stop sent twice: a scheduler may signal every process, and a sweep
-                return  # task passes its own signal on
+            # the same stop sent again: a scheduler may signal every process, and a sweep task passes its own signal on
+            if signum != signal.SIGINT or now - asked_at[0] < 1:
+                return
             raise KeyboardInterrupt
         asked_at.append(now)
         stop_requested.set()

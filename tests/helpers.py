@@ -68,6 +68,37 @@ def assert_sigterm_stops_like_ctrl_c(cwd, args, script=SCRIPT):
     assert checkpoint["global_step"] == stopped_at and "checkpoint saved to" in out  # not only the pretraining one
 
 
+def assert_only_a_second_ctrl_c_stops_at_once(module):
+    """A second SIGTERM more than a second after the first stopped the run at once, unsaved (KeyboardInterrupt), as a
+    second Ctrl-C does: a cluster's scheduler signals every process of a job at its time limit, after the sweep task
+    passed on its own earlier signal, and systemd or `scancel` stop a whole sweep while its tasks pass theirs on,
+    seconds apart on a busy machine. A second SIGTERM is the same stop; a second Ctrl-C, a second later, stops at once."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for first in (signal.SIGTERM, signal.SIGINT):
+            stop_requested = module.stop_on_signals()
+            os.kill(os.getpid(), first)
+            time.sleep(1.2)
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # (a handler runs in the main thread, before the next line)
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                pytest.fail(f"a SIGTERM 1.2 s after a {signal.Signals(first).name} stopped the run at once, unsaved")
+            assert stop_requested.is_set()
+        stop_requested = module.stop_on_signals()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop_requested.is_set()
+        os.kill(os.getpid(), signal.SIGINT)  # within a second: the same stop
+        time.sleep(1.2)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def assert_a_resumed_run_is_not_refused_its_own_settings(module):
     """A run started before a combination was refused (a human-feedback run with --teacher-beta, a synthetic one with
     --clip-fps) resumes with its own settings, which it cannot change: refusing them would leave it no way on. Where

@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_only_a_second_ctrl_c_stops_at_once,
     assert_the_fields_computed_at_run_time_are_not_flags,
     assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
@@ -1108,6 +1109,10 @@ def test_impossible_settings_are_refused_with_a_message(settings, message):
     # the checks the script runs before creating anything; their SystemExit prints the message without a traceback
     with pytest.raises(SystemExit, match=re.escape(message)):
         checked_args(**settings)
+
+
+def test_only_a_second_ctrl_c_stops_at_once():
+    assert_only_a_second_ctrl_c_stops_at_once(atari)
 
 
 def test_the_fields_computed_at_run_time_are_not_flags(capsys):

@@ -16,6 +16,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
+    assert_only_a_second_ctrl_c_stops_at_once,
     start_trainer,
     assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
@@ -1054,6 +1055,10 @@ def test_validate_args_rejects_impossible_settings_with_a_message(args, message)
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_dot(tmp_path, args, timeout=120), message)
+
+
+def test_only_a_second_ctrl_c_stops_at_once():
+    assert_only_a_second_ctrl_c_stops_at_once(dot)
 
 
 def test_the_fields_computed_at_run_time_are_not_flags(capsys):

@@ -11,6 +11,7 @@ import rlhf_ppo_mujoco as rl
 import torch
 import tyro
 from helpers import (
+    assert_only_a_second_ctrl_c_stops_at_once,
     assert_the_fields_computed_at_run_time_are_not_flags,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_resumed_run_is_not_refused_its_own_settings,
@@ -421,6 +422,10 @@ def test_impossible_settings_are_refused_with_a_message(args, message):
 )
 def test_bad_arguments_get_a_clear_message_not_a_traceback(tmp_path, args, message):
     assert_clear_error(run_script(tmp_path, args, timeout=120), message)
+
+
+def test_only_a_second_ctrl_c_stops_at_once():
+    assert_only_a_second_ctrl_c_stops_at_once(rl)
 
 
 def test_the_fields_computed_at_run_time_are_not_flags(capsys):
