@@ -1288,7 +1288,8 @@ def make_handler(store, args, rater_of_key=None):
             kept as cant_tell), optionally ASSIGNMENT:worker_id (the rater, as crowd-<id>). A row without a worker id is
             a rater of its own, crowd-<file>-row<line>, <file> from the file's SHA-256: a row of another file is never
             taken for a duplicate of it. Every row is checked first: one that names no known pair or an unknown result
-            rejects the whole file, and nothing is recorded. Importing the same file again records nothing new."""
+            rejects the whole file, and nothing is recorded; so does a field that opens a quote closed on a later line.
+            Importing the same file again records nothing new."""
             self.require_token()
             body = self.read_body(args.max_clip_bytes)
             try:
@@ -1297,15 +1298,27 @@ def make_handler(store, args, rater_of_key=None):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "the TSV must be UTF-8") from None
             file_id = hashlib.sha256(body).hexdigest()[:12]
             reader = csv.DictReader(io.StringIO(text), delimiter="\t")
+            rows = []  # (the line of the file the row starts on, the row)
             try:
-                rows = list(reader)
+                for row in reader:
+                    # a field that starts with a quote (") runs on, over tabs and line ends, to the next quote: the rows
+                    # in between would be read into it (a worker's comment), and its row's answer taken for a later one's
+                    breaks = sum(value.count("\n") for value in row.values() if isinstance(value, str))
+                    rows.append((reader.line_num - breaks, row))
+                    if breaks:
+                        raise ApiError(
+                            HTTPStatus.BAD_REQUEST,
+                            f"nothing imported: lines {reader.line_num - breaks}-{reader.line_num} read as one row: a "
+                            'field starts with a quote (") that only a later line closes; quote a field whole, or not '
+                            "at all",
+                        )
             except csv.Error as error:  # lines ended by CR alone (old spreadsheets), a field over the csv module's limit
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV cannot be read: {error}") from None
             missing = [c for c in ("INPUT:video1", "INPUT:video2", "OUTPUT:result") if c not in (reader.fieldnames or [])]
             if missing:
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV needs a header row with columns {', '.join(missing)}")
             answers, problems, without_worker_id = [], [], 0
-            for number, row in enumerate(rows, start=2):  # line numbers of the file, the header being line 1
+            for number, row in rows:
                 result = (row["OUTPUT:result"] or "").strip().lower()
                 choice = {"error": "cant_tell"}.get(result, result)
                 clips = [clip_id_of(row[c]) for c in ("INPUT:video1", "INPUT:video2")]

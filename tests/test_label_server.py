@@ -1711,6 +1711,25 @@ def test_answers_from_a_crowd_platform_are_imported_and_voted_on_like_raters(lab
     assert server.call("POST", "/api/import", raw=results.encode(), token="wrong")[0] == 401
 
 
+def test_a_crowd_comment_that_opens_a_quote_rejects_the_file_rather_than_swallow_rows(label_server):
+    """A free-text field starting with a double quote (a worker's comment) made Python's csv module read on, over tabs
+    and line ends, to the next quote: the rows in between vanished and the first row's answer was stored under a later
+    row's worker, with a 200. Such a file is rejected, naming the lines, and nothing is recorded."""
+    server = label_server(token="s3cret")
+    for pair_id in ("p1", "p2", "p3"):
+        post_pair(server, pair_id)
+    header = "INPUT:video1\tINPUT:video2\tOUTPUT:result\tOUTPUT:comment\tASSIGNMENT:worker_id\n"
+    rows = 'p1-l\tp1-r\tleft\t"left one walks\tw1\np2-l\tp2-r\tright\tok\tw2\np3-l\tp3-r\tright\tsee "gait"\tw3\n'
+    status, reply = import_tsv(server, header + rows)
+    assert status == 400 and "lines 2-4" in reply["error"] and "quote" in reply["error"], (status, reply)
+    assert [server.call("GET", f"/api/pairs/{p}")[1]["answers"] for p in ("p1", "p2", "p3")] == [[], [], []]
+    # a quoted field closed on its line is read as before, and later rows keep their line numbers
+    status, reply = import_tsv(server, header + 'p1-l\tp1-r\tleft\t"a\tb"\tw1\nnope-l\tp2-r\tright\tok\tw2\n')
+    assert status == 400 and reply["error"].startswith("nothing imported: line 3:"), reply
+    assert import_tsv(server, header + 'p1-l\tp1-r\tleft\t"a\tb"\tw1\n')[1]["recorded"] == 1
+    assert server.call("GET", "/api/pairs/p1")[1]["answers"] == [{"rater": "crowd-w1", "choice": "left"}]
+
+
 def test_crowd_rows_without_a_worker_id_never_collide_with_another_files_rows(label_server):
     server = label_server("--overlap", 2, token="s3cret")
     post_pair(server, "p1")
