@@ -99,6 +99,8 @@ CREATE TABLE IF NOT EXISTS labels (seq INTEGER PRIMARY KEY AUTOINCREMENT, pair_i
 CREATE TABLE IF NOT EXISTS closed_experiments (experiment TEXT PRIMARY KEY, closed REAL NOT NULL);
 -- pairs a resumed trainer no longer waits for (POST /api/experiments/<e>/keep): not opened again by an undo either
 CREATE TABLE IF NOT EXISTS unwanted_pairs (pair_id TEXT PRIMARY KEY);
+-- the highest label number each experiment's trainer has been sent (GET /api/labels): those labels are never taken back
+CREATE TABLE IF NOT EXISTS sent_labels (experiment TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 -- answers saved before rater names were normalised (then ASCII only): "Alice" and "alice " become "alice"; where both
 -- answered a pair, the other spelling's answer keeps its old name (OR IGNORE) and still counts as another rater's
@@ -457,15 +459,18 @@ class LabelStore:
         pair is open again: then it is leased to the rater, so that their page shows it next."""
         with self.lease_lock, self.lock:
             row = self.db.execute(
-                "SELECT a.created, p.experiment, p.golden IS NOT NULL, p.created, l.raters, l.created "
+                "SELECT a.created, p.experiment, p.golden IS NOT NULL, p.created, l.raters, l.created, "
+                "l.seq <= COALESCE((SELECT seq FROM sent_labels s WHERE s.experiment = p.experiment), 0) "
                 "FROM answers a JOIN pairs p USING (pair_id) LEFT JOIN labels l USING (pair_id) "
                 "WHERE a.pair_id = ? AND a.rater = ?",
                 (pair_id, rater),
             ).fetchone()
             if row is None:
                 raise ApiError(HTTPStatus.NOT_FOUND, f"no answer of {rater} to {pair_id} to take back")
-            answered, experiment, golden, posted, label_raters, labelled = row
+            answered, experiment, golden, posted, label_raters, labelled, sent = row
             made_label = rater in json.loads(label_raters or "[]")
+            if made_label and sent:  # (its age alone would not do: a restart with a longer --undo-seconds, the clock)
+                raise ApiError(HTTPStatus.CONFLICT, "too late to take back: the trainer has been sent the label it made")
             now = time.time()
             # a label is younger than its votes, unless the clock stepped back; labels undo_seconds old go to the trainer
             if now - answered > self.undo_seconds or (made_label and now - labelled >= self.undo_seconds):
@@ -553,6 +558,12 @@ class LabelStore:
             "WHERE experiment = ? AND seq > ? AND created > ?), 9223372036854775807) ORDER BY l.seq LIMIT ?",
             (experiment, since, experiment, since, time.time() - self.undo_seconds, limit),
         )
+        if rows:  # sent: never taken back now
+            with self.lock, self._transaction():
+                self.db.execute(
+                    "INSERT INTO sent_labels VALUES (?, ?) ON CONFLICT (experiment) DO UPDATE SET seq = MAX(seq, excluded.seq)",
+                    (experiment, rows[-1][0]),
+                )
         return [
             {"seq": seq, "pair_id": pair_id, "choice": choice, "votes": json.loads(votes), "metadata": json.loads(meta)}
             for seq, pair_id, choice, votes, meta in rows

@@ -1766,6 +1766,25 @@ def test_an_answer_can_be_taken_back_for_undo_seconds_and_only_then_reaches_the_
     assert server.call("GET", "/api/stats?rater=ann")[1] == {"rater": "ann", "answered": 1, "waiting": 1, "counted": True}
 
 
+def test_a_label_the_trainer_was_sent_cannot_be_taken_back_even_after_a_restart_with_a_longer_undo(label_server):
+    """Only the label's age kept it from being taken back once sent: restarted with a longer --undo-seconds (or with
+    the clock stepped back), the server let a rater take back a label the trainer had, and labelled the pair again
+    under a new number, which the trainer never took (it no longer waited for the pair)."""
+    server = label_server("--undo-seconds", 0.5)
+    post_pair(server, "p1")
+    assert answer(server, "p1", "ann", "left")[0] == 201
+    time.sleep(0.7)
+    assert [x["pair_id"] for x in labels(server)] == ["p1"]  # the trainer has it
+    server.stop()
+    server = label_server("--undo-seconds", 60, db=server.db)
+    status, reply = take_back(server, "p1", "ann")
+    assert status == 409 and "the trainer has been sent" in reply["error"], (status, reply)
+    assert answers_and_label(server, "p1") == ([("ann", "left")], "left")
+    post_pair(server, "p2")  # a label not yet sent is taken back as before
+    assert answer(server, "p2", "ann", "left")[0] == 201
+    assert take_back(server, "p2", "ann")[0] == 200
+
+
 def test_taking_back_an_answer_that_did_not_make_the_label_leaves_the_label(label_server):
     """At overlap 1 a lease that expired gives one pair to two raters: the first answer makes the label, the second is
     only recorded. Taking the second back must not take the label (which the trainer may have) with it."""
