@@ -1078,7 +1078,10 @@ def make_handler(store, args, rater_of_key=None):
                     raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, message, {"Allow": allowed})
                 endpoint()
             except ApiError as error:
-                self.send_json(error.status, {"error": error.message}, error.headers)
+                try:
+                    self.send_json(error.status, {"error": error.message}, error.headers)
+                except ConnectionError:  # the client went away before the refusal: nobody to tell (a body cut short)
+                    self.close_connection, self.cut_off = True, "the client closed the connection"
             except TimeoutError:  # the client went silent mid-request: the standard library logs it and closes
                 raise
             except ConnectionError:  # the client went away (a video element dropping a range request): nobody to answer

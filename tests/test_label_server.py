@@ -320,6 +320,20 @@ def raw_request(port, data, half_close=False):
     return head.split(b"\r\n")[0].decode(), body
 
 
+def test_a_client_gone_before_its_error_reply_is_not_logged_as_the_servers_fault(label_server):
+    """A client that sends part of its body and closes the connection: the refusal (400, body cut short) found nobody
+    to read it, and the broken pipe went into the log as an internal error's traceback, --quiet or not."""
+    server = label_server()
+    head = b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(head + b'{"pair')
+        time.sleep(0.3)
+    assert server.call("GET", "/healthz")[0] == 200
+    log = server.log(until="GET /healthz 200")
+    assert "Traceback" not in log and "internal error" not in log, log
+
+
 PAIR_P2 = b'{"experiment": "exp", "pair_id": "p2", "left_clip": "p1-l", "right_clip": "p1-r"}'
 
 
