@@ -479,18 +479,40 @@ class LabelStore:
             with self._transaction():
                 self.db.execute("DELETE FROM answers WHERE pair_id = ? AND rater = ?", (pair_id, rater))
                 if made_label:
-                    self.db.execute("DELETE FROM labels WHERE pair_id = ?", (pair_id,))
-                    final, _ = self._finalize(pair_id, experiment, golden)  # the answers left may be enough
-                    if not final and not self._closed_by_trainer(pair_id, experiment, posted):
-                        self.open_count += self.db.execute(
-                            "UPDATE pairs SET open = 1 WHERE pair_id = ? AND open = 0", (pair_id,)
-                        ).rowcount
+                    self._take_back_label(pair_id, experiment, golden, posted)
             if golden:  # a golden answer: the rater's accuracy changed
+                left_out = self.excluded
                 self._count_raters_again()
+                # left out again: the labels their votes made since that answer counted them again go (as young: not
+                # sent); their pairs wait for an answer that counts
+                self._take_back_labels_of(self.excluded - left_out, since=answered)
             still_open = self.db.execute("SELECT open FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone() == (1,)
             if still_open:
                 self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
             return still_open
+
+    def _take_back_label(self, pair_id, experiment, golden, posted):
+        """Inside a transaction: delete the pair's label; the answers left may make another, else the pair is open
+        again (unless its trainer closed it)."""
+        self.db.execute("DELETE FROM labels WHERE pair_id = ?", (pair_id,))
+        final, _ = self._finalize(pair_id, experiment, golden)
+        if not final and not self._closed_by_trainer(pair_id, experiment, posted):
+            self.open_count += self.db.execute("UPDATE pairs SET open = 1 WHERE pair_id = ? AND open = 0", (pair_id,)).rowcount
+
+    def _take_back_labels_of(self, raters, since):
+        """The labels made since `since` (a time) with a vote of one of `raters`, and not yet sent, taken back. Under
+        lock."""
+        if not raters:
+            return
+        rows = self.db.execute(
+            "SELECT l.pair_id, l.experiment, l.raters, p.created FROM labels l JOIN pairs p USING (pair_id) "
+            "WHERE l.created >= ? AND l.seq > COALESCE((SELECT seq FROM sent_labels s WHERE s.experiment = l.experiment), 0)",
+            (since,),
+        ).fetchall()
+        with self._transaction():
+            for pair_id, experiment, voters, posted in rows:
+                if raters & set(json.loads(voters or "[]")):
+                    self._take_back_label(pair_id, experiment, False, posted)
 
     def _count_raters_again(self):
         """Work out again which raters' answers count, after an answer to a golden pair. Under lock."""

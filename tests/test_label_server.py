@@ -237,6 +237,28 @@ def test_golden_pairs_wait_their_turn_when_no_other_pair_is_waiting(label_server
     assert label_all(server, "ann", "left", "left") == ["p0", "p1", "p2", "p3", "gold1", "p4", "p5"]
 
 
+def test_taking_back_the_golden_answer_that_made_a_rater_count_again_takes_back_the_labels_it_made(label_server):
+    """A rater left out for missing golden pairs gets one right, counts again, and so makes the label of a pair they
+    had answered; then takes that golden answer back and is left out again. The label, made of a vote that no longer
+    counts, stayed and reached the trainer. It goes (it is as young as the golden answer: not sent), and the pair is
+    open again for a rater whose answer counts."""
+    server = label_server("--golden-every", 1, "--golden-min", 1, "--golden-threshold", 0.5, "--undo-seconds", 60)
+    post_pair(server, "g1", golden="left")
+    post_pair(server, "g2", golden="left")
+    post_pair(server, "p")
+    answer(server, "g1", "xi", "right")  # 0 of 1 golden pairs right: xi's answers are not counted
+    answer(server, "p", "xi", "left")
+    answer(server, "g2", "xi", "left")  # 1 of 2, at the threshold: counted again, and p is labelled
+    assert answers_and_label(server, "p") == ([("xi", "left")], "left")
+    assert take_back(server, "g2", "xi")[0] == 200  # 0 of 1 again
+    assert answers_and_label(server, "p") == ([("xi", "left")], None)
+    for golden in ("g1", "g2"):
+        answer(server, golden, "yu", "left")
+    assert next_pair(server, "yu")["pair_id"] == "p"  # open again
+    answer(server, "p", "yu", "right")
+    assert answers_and_label(server, "p") == ([("xi", "left"), ("yu", "right")], "right")
+
+
 def test_a_rater_whose_answers_do_not_count_holds_no_pair_back_from_one_whose_do(label_server):
     server = label_server("--golden-min", 1, "--golden-threshold", 0.5)
     post_pair(server, "g1", golden="left")
