@@ -361,10 +361,11 @@ class LabelStore:
                 answered = self._answered(rater)
                 mine = self.lease_of.get(rater, (None,))[0]
                 # asked again before answering (a reload, or the page renewing its lease): the same pair, not one more
-                # taken; the page's pair while it is open, not answered by the rater and not taken by others' leases
+                # taken. The rater's live lease first (an undo's pair, leased as the page's renewal was on its way), then
+                # the page's pair while it is open, not answered by the rater and not taken by others' leases
                 kept = [
                     p
-                    for p in dict.fromkeys([showing, mine])
+                    for p in dict.fromkeys([mine, showing])
                     if p is not None and self._still_needs(p, rater, p == mine, leased)
                 ]
                 if kept:
@@ -1529,7 +1530,7 @@ for (const type of ["keydown", "pointerdown", "pointermove", "wheel", "touchstar
 }
 document.addEventListener("visibilitychange", () => { if (!document.hidden) activeAt = performance.now(); });
 function leaseAge() { return performance.now() - leasedAt; }
-const GONE = "needs no more answers (another rater was given it once it had waited for you past its lease, or its run no longer waits for it)";
+const GONE = "needs no more answers from you (answered already, in another tab or by another rater given it once it had waited past its lease, or its run no longer waits for it)";
 setInterval(async () => {  // renewed after half the lease (at most 15 s), if the rater was there since the last time
   if (!pair || busy || renewing || document.hidden || activeAt <= leasedAt) return;
   if (leaseAge() < Math.min(500 * pair.lease_seconds, 15000)) return;
@@ -1566,14 +1567,14 @@ async function next(showing = null) {
     if (showing) notice(`The pair you were shown ${GONE}.`);
     pair = body;
   } catch (error) {
-    if (call !== asking || showing) return;
+    if (call !== asking || (showing && pair === showing)) return;  // a renewal that got no answer keeps its pair
     show("The label server is not answering; looking for the next pair again in 3 s..."); retry = setTimeout(next, 3000); return;
   }
   $("instruction").textContent = pair.instruction;
   $("undo-keys").classList.toggle("hidden", !(pair.undo_seconds > 0));
   status(pair);
   $("message").classList.add("hidden"); $("pair").classList.remove("hidden");
-  watched = [false, false]; failed = [false, false]; playedAgain = [false, false]; cutOff = [0, 0];
+  watched = [false, false]; failed = [false, false]; playedAgain = [false, false]; cutOff = [0, 0]; refetching = [false, false];
   $("hint").textContent = ""; showReady();
   images.forEach((img) => { img.classList.add("hidden"); img.removeAttribute("src"); });
   videos.forEach((v) => v.classList.remove("hidden"));

@@ -397,12 +397,11 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --selection variance needs --ensemble-size 2 or more (or --selection random)")
     if not 0 <= args.label_noise < 1 or not 0 <= args.teacher_epsilon <= 1 or not 0 < args.teacher_gamma <= 1:
         raise SystemExit("error: --label-noise must be in [0, 1), --teacher-epsilon in [0, 1], --teacher-gamma in (0, 1]")
-    gamma, steps = args.teacher_gamma, args.segment_len  # a step's true reward is -1, 0 or 1
-    widest = 2 * (steps if gamma == 1 else (1 - gamma**steps) / (1 - gamma))
-    if args.teacher_equal_margin >= widest:
+    # (B-Pref's margin compares the plain sums, whatever --teacher-gamma; a step's true reward is -1, 0 or 1)
+    if args.teacher_equal_margin >= 2 * args.segment_len and not args.resume:
         raise SystemExit(
-            f"error: --teacher-equal-margin {args.teacher_equal_margin:g} makes every answer equal: two segments' "
-            f"(discounted) true returns differ by at most {widest:.2f} here"
+            f"error: --teacher-equal-margin {args.teacher_equal_margin:g} makes every answer equal: two "
+            f"{args.segment_len}-step segments' true returns differ by at most {2 * args.segment_len}"
         )
     # a rollout holds this many pairs of distinct segments (sample_segments draws without repeats while it can; the 10x
     # candidates of variance selection, pairs asked in place of skipped ones and offline pairs may repeat a segment;
@@ -410,7 +409,7 @@ def validate_args(args: Args, run_dir=None) -> None:
     per_iteration = label_schedule(args)
     segments = args.num_envs * fewest_segment_starts(args.num_steps, args.segment_len, args.episode_steps)
     capacity, within = segments // 2, f" (episodes of {args.episode_steps} steps)"
-    if args.offline and segments < 2:  # its pairs may repeat a segment, but need two
+    if args.offline and segments < 2 and not args.resume:  # its pairs may repeat a segment, but need two
         raise SystemExit(
             f"error: --offline needs two {args.segment_len}-step segments in a rollout, and one can hold as few as "
             f"{segments} segments{within}. Use a shorter --segment-len or a longer rollout."

@@ -846,7 +846,7 @@ def test_a_page_keeps_the_pair_it_shows_while_that_pair_still_needs_its_raters_a
     """A page renews the lease of the pair it shows (`showing`): the same pair again while it is open, not answered by
     the rater and not taken by others' leases, though its lease ran out; otherwise the rater's next pair, so that the
     page does not keep a pair whose answer would count for nothing (another rater's label, a run that ended)."""
-    server = label_server("--lease-seconds", 0.5)
+    server = label_server("--lease-seconds", 0.5, "--undo-seconds", 60)
     for pair_id in ("p0", "p1", "p2"):
         post_pair(server, pair_id)
     assert next_pair(server, "ann")["pair_id"] == "p0"
@@ -867,6 +867,13 @@ def test_a_page_keeps_the_pair_it_shows_while_that_pair_still_needs_its_raters_a
     assert next_pair(server, "dan", showing="unknown-pair")["pair_id"] == "p4"  # e.g. a server on another database
     status, body = server.call("GET", "/api/pairs/next?rater=dan&showing=a%20b")
     assert status == 400 and "showing" in body["error"], body
+    # the pair an undo leased to the rater comes first: a renewal of the pair shown, on its way during the undo, does
+    # not take the lease back (the undone pair went to another rater)
+    assert answer(server, "p4", "dan", "left")[0] == 201
+    post_pair(server, "p5")
+    assert next_pair(server, "dan")["pair_id"] == "p5"
+    assert server.call("POST", "/api/labels/undo", {"pair_id": "p4", "rater": "dan"})[1]["shown_again"]
+    assert next_pair(server, "dan", showing="p5")["pair_id"] == "p4"
 
 
 def test_pairs_of_live_experiments_come_first(label_server):

@@ -1018,7 +1018,7 @@ BAD_NUMBERS = [
     ("--teacher-equal-margin -0.5", "--teacher-equal-margin must be at least 0"),
     # two 10-step segments' true returns differ by 20 at most: every answer was "equal", the labels said nothing
     ("--teacher-equal-margin 20 --segment-len 10", "--teacher-equal-margin 20 makes every answer equal"),
-    ("--teacher-equal-margin 10 --teacher-gamma 0.5 --segment-len 10", "differ by at most 4.00 here"),
+    ("--teacher-equal-margin 20 --teacher-gamma 0.5 --segment-len 10", "true returns differ by at most 20"),
     ("--checkpoint-every 5", "--checkpoint-every is for --save-model"),  # no checkpoint was written
     ("--reward-std -1", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
     ("--reward-lr inf", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
@@ -1068,6 +1068,12 @@ def test_the_fields_computed_at_run_time_are_not_flags(capsys):
 
 def test_a_resumed_run_is_not_refused_its_own_settings_that_a_new_run_would_be():
     assert_a_resumed_run_is_not_refused_its_own_settings(dot)
+    # and those refused since 2026-12-04 (a run started before could not be resumed or evaluated)
+    offline = "--offline --num-envs 1 --num-steps 16 --segment-len 10 --episode-steps 12 --labels 4"
+    for flags in ("--teacher-equal-margin 20 --segment-len 10", offline):
+        settings = tyro.cli(dot.Args, args=[*flags.split(), "--resume", "runs/old"])
+        dot.fill_runtime_fields(settings)
+        dot.validate_args(settings)
 
 
 def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_it_was(tmp_path):
