@@ -1014,9 +1014,10 @@ class RewardModelTraining:
 
     def pretrain(self, buffer, rng, stop, checkpoint=None):
         """C17 A.2: --pretrain-epochs epochs on the pretraining labels before RL starts (each epoch as many minibatches
-        as the labels fill, drawn at random with replacement), then A2C's copy takes the weights. A progress line per epoch (one can take a minute on a CPU), a validation pass every 10, and then
-        `checkpoint()` if given (a run killed in the epochs resumes after the last tenth). Returns whether it finished
-        (a stop request ends it after the epoch in progress; a resumed run goes on from there)."""
+        as the labels fill, drawn at random with replacement), then A2C's copy takes the weights. A progress line per
+        epoch (one can take a minute on a CPU), a validation pass every 10, and then `checkpoint()` if given (a run
+        killed in the epochs resumes after the last tenth). Returns whether it finished (a stop request ends it after
+        the epoch in progress; a resumed run goes on from there)."""
         args = self.args
         epoch_steps, start, first = math.ceil(buffer.size / args.reward_batch_size), time.time(), self.pretrain_epochs_done + 1
         for epoch in range(first, args.pretrain_epochs + 1):

@@ -338,6 +338,17 @@ def in_a_process_of_its_own(function, *arguments):
     return json.loads(done.stdout.splitlines()[-1])  # (the script may print as it is imported)
 
 
+def changed_since_start(grid, run, folder, apart=False):
+    """How the settings of the run's last start (from its log) differ from those the grid gives it now
+    (settings_changed; nothing for a log without a start line, written by hand); `apart`: read in a process of its
+    own (in_a_process_of_its_own), as a run's task does."""
+    started = started_args(folder / "run.log")
+    if started is None:
+        return []
+    arguments = (grid, run, started, started_settings(folder / "run.log"))
+    return in_a_process_of_its_own("settings_changed", *arguments) if apart else settings_changed(*arguments)
+
+
 def finished_otherwise(grid, sweep_dir):
     """The grid's finished runs whose last start had other settings than the grid gives them now (a grid edited after
     they finished, or another grid's runs in the same folder), each as (name, "name: how") (settings_changed). A log without
@@ -345,8 +356,7 @@ def finished_otherwise(grid, sweep_dir):
     found = []
     for run in grid["runs"]:
         folder = sweep_dir / run["name"]
-        started = started_args(folder / "run.log") if run_state(folder) == "done" else None
-        changed = settings_changed(grid, run, started, started_settings(folder / "run.log")) if started is not None else []
+        changed = changed_since_start(grid, run, folder) if run_state(folder) == "done" else []
         if changed:
             found.append((run["name"], f"{run['name']}: {', '.join(changed)}"))
     return found
@@ -445,7 +455,9 @@ def code_version(script):
     (a resumed run goes on with the code of its resumption, not its start's)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        changed = subprocess.run(["git", "status", "--porcelain", "--", script], cwd=ROOT, capture_output=True, text=True)
+        changed = subprocess.run(  # (without the index lock: tasks starting together, a user's commit)
+            ["git", "--no-optional-locks", "status", "--porcelain", "--", script], cwd=ROOT, capture_output=True, text=True
+        )
     except OSError:
         return "unknown (no git)"
     if head.returncode != 0:
@@ -472,13 +484,12 @@ def found_done(grid, run, folder):
     """ "done" for a run found finished, or "failed" (saying why) where it ran with other settings than the grid gives
     it: a sweep of another grid in the same --out finished it after this sweep's check (refuse_finished_otherwise)."""
     (folder / ".gitignore").unlink(missing_ok=True)  # a task killed between done.json and the unlink in execute
-    started = started_args(folder / "run.log")
-    logged = started_settings(folder / "run.log")
-    changed = in_a_process_of_its_own("settings_changed", grid, run, started, logged) if started is not None else []
+    changed = changed_since_start(grid, run, folder, apart=True)
     if changed:
         print(
             f"error: {run['name']} was finished with other settings than the grid's (another grid's sweep in the same "
-            f"--out?): {', '.join(changed)}\n  delete {folder} to run it at the grid's settings",
+            f"--out?): {', '.join(changed)}\n  run this grid with another --out (deleting {folder} would delete the "
+            "other grid's run)",
             file=sys.stderr,
         )
         return "failed"
@@ -513,11 +524,7 @@ def execute(grid, run, sweep_dir, on_signal_requeue=False):
     previous = saved_run(folder)
     script = str(ROOT / grid["script"])
     if previous:
-        started_with = started_args(folder / "run.log")
-        logged = started_settings(folder / "run.log")
-        changed = (
-            in_a_process_of_its_own("settings_changed", grid, run, started_with, logged) if started_with is not None else []
-        )
+        changed = changed_since_start(grid, run, folder, apart=True)
         if changed:  # the checkpoint would keep the old settings
             print(
                 f"error: {run['name']} was started with other settings than the grid's, and its checkpoint resumes "

@@ -236,6 +236,25 @@ def test_a_runs_task_keeps_none_of_its_scripts_imports_while_the_run_goes_on(tmp
     assert "settings: " in log.read_text()  # logged as the run started
 
 
+def test_the_code_a_run_starts_with_names_the_commit_and_a_script_changed_since(tmp_path, monkeypatch):
+    import sweep as runner  # noqa: PLC0415 (benchmark/, on the path above)
+
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    (repository / "rlhf_script.py").write_text("print(1)\n")
+    subprocess.run([*GIT, "init", "-q", str(repository)], check=True)
+    subprocess.run([*GIT, "add", "."], cwd=repository, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "first"], cwd=repository, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(runner, "ROOT", repository)
+    assert runner.code_version(str(repository / "rlhf_script.py")) == f"commit {head}"
+    (repository / "rlhf_script.py").write_text("print(2)\n")
+    assert runner.code_version(str(repository / "rlhf_script.py")) == f"commit {head}, rlhf_script.py changed since"
+    monkeypatch.setattr(runner, "ROOT", tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    assert runner.code_version(str(tmp_path / "elsewhere" / "rlhf_script.py")).startswith("unknown")
+
+
 def test_a_run_whose_partial_log_git_tracks_is_refused_until_it_is_untracked(tmp_path):
     """The .gitignore that keeps a run under way out of `git add` cannot untrack a file git already tracks (a partial
     run.log committed by hand): running it would put a partial log in the next commit, so the sweep says how to untrack
