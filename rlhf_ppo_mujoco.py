@@ -1715,16 +1715,25 @@ def video_recorder(env):
 EPISODE_COUNTERS = ("_elapsed_steps", "episode_returns", "episode_lengths", "episode_count")  # TimeLimit, statistics
 
 
+# the bodies' poses as a step leaves them (mj_step, then mj_rnePostConstraint: those of its last substep's start), which
+# some tasks read before they simulate (Ant's torso, Humanoid's centre of mass, Reacher-v4's fingertip): recomputed
+# from the restored state, they gave a resumed run's first step another reward
+BODY_POSES = ("xpos", "xquat", "xmat", "xipos", "ximat", "subtree_com", "cinert", "geom_xpos", "geom_xmat", "site_xpos",
+              "site_xmat")  # fmt: skip
+
+
 def environment_states(envs):
     """Each environment's episode in progress: MuJoCo's integration state (positions, velocities, solver warm start,
-    ...), its random generator, the time-limit and episode-statistics counters (the episode count numbers videos)."""
+    ...) and the bodies' poses, its random generator, the time-limit and episode-statistics counters (the episode count
+    numbers videos)."""
     states = []
     for env in envs.envs:
         sim = env.unwrapped
         physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
+        poses = {name: getattr(sim.data, name).copy() for name in BODY_POSES}
         counters = {name: env.get_wrapper_attr(name) for name in EPISODE_COUNTERS}
-        states.append({"physics": physics, "np_random": sim.np_random.bit_generator.state, **counters})
+        states.append({"physics": physics, "poses": poses, "np_random": sim.np_random.bit_generator.state, **counters})
     return states
 
 
@@ -1733,6 +1742,8 @@ def restore_environment_states(envs, states):
         sim = env.unwrapped
         mujoco.mj_setState(sim.model, sim.data, state["physics"], mujoco.mjtState.mjSTATE_INTEGRATION)
         mujoco.mj_forward(sim.model, sim.data)  # the body positions a frame is drawn from (else the reset pose's)
+        for name, pose in state.get("poses", {}).items():  # (not in checkpoints before 2026-12-04)
+            getattr(sim.data, name)[:] = pose
         sim.np_random.bit_generator.state = state["np_random"]
         for name in EPISODE_COUNTERS:
             if name in state:  # (episode_count: not in checkpoints before 2026-12-02)

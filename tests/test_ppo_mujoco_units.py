@@ -980,3 +980,26 @@ def test_restored_environments_show_the_restored_state_not_the_reset_one(tmp_pat
     rl.restore_environment_states(resumed, rl.environment_states(stopped))
     body_positions = [envs.envs[0].unwrapped.data.xpos for envs in (resumed, stopped)]
     np.testing.assert_allclose(*body_positions, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the v4 ids (gymnasium prefers v5)
+@pytest.mark.parametrize("env_id", ["Hopper-v4", "Ant-v4", "Reacher-v4", "Humanoid-v4"])
+def test_a_restored_environment_steps_on_exactly_as_the_one_it_was_saved_from(tmp_path, env_id):
+    """Some tasks read body positions before they simulate (Ant's torso, Humanoid's centre of mass, Reacher-v4's
+    fingertip), and an uninterrupted run holds those of the last substep's start: recomputed from the state as it was
+    restored, they gave the first step after a resume another reward, and the resumed run went another way."""
+
+    def one_env():
+        return gym.vector.SyncVectorEnv([rl.make_env(env_id, 0, False, str(tmp_path), {})])
+
+    stopped, rng = one_env(), np.random.default_rng(0)
+    stopped.reset(seed=0)
+    actions = rng.uniform(-0.4, 0.4, (25, 1, *stopped.single_action_space.shape))
+    for action in actions[:20]:
+        stopped.step(action)
+    resumed = one_env()
+    resumed.reset(seed=1)
+    rl.restore_environment_states(resumed, rl.environment_states(stopped))
+    for action in actions[20:]:
+        (obs_stopped, reward_stopped, *_), (obs_resumed, reward_resumed, *_) = stopped.step(action), resumed.step(action)
+        assert reward_resumed[0] == reward_stopped[0] and np.array_equal(obs_resumed, obs_stopped)
