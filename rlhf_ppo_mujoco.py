@@ -1751,6 +1751,9 @@ def restore_environment_states(envs, states):
         if (recorder := video_recorder(env)) and "episode_count" in state:  # videos number on from the saved ones
             episode = state["episode_count"]  # under way: filmed on only if the stop saved no clip of it (a kill saves none)
             recorder.renumber(episode, record=not os.path.exists(recorder.video_path(episode)))
+        elif recorder:  # a checkpoint from before 2026-12-02 (no episode count): on after the videos there, not over them
+            saved = [re.fullmatch(r"episode-(\d+)\.\w+", name) for name in os.listdir(recorder.folder)]
+            recorder.renumber(max([int(found[1]) for found in saved if found], default=-1) + 1, record=False)
 
 
 def random_states(rng, device):

@@ -982,6 +982,22 @@ def test_restored_environments_show_the_restored_state_not_the_reset_one(tmp_pat
     np.testing.assert_allclose(*body_positions, atol=1e-5)
 
 
+def test_a_checkpoint_without_an_episode_count_resumes_filming_after_the_videos_already_there(tmp_path):
+    """A checkpoint from before 2026-12-02 has no episode count: the resumed run numbered its episodes from 0 again, and
+    its videos replaced the earlier ones (episode-0, -1, -8, ...). They number on after the last one saved."""
+    filmed = gym.vector.SyncVectorEnv([rl.make_env("Hopper-v4", 0, True, str(tmp_path), {})])
+    filmed.reset(seed=0)
+    for episode in (0, 1, 8):
+        (tmp_path / "videos" / f"episode-{episode}.mp4").write_bytes(b"an earlier video")
+    state = rl.environment_states(filmed)[0]
+    del state["episode_count"]
+    rl.restore_environment_states(filmed, [state])
+    recorder = rl.video_recorder(filmed.envs[0])
+    assert recorder.episode == 9 and recorder.frames is None  # the episode under way: a part of one, not filmed
+    filmed.close()
+    assert {path.read_bytes() for path in (tmp_path / "videos").iterdir()} == {b"an earlier video"}
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the v4 ids (gymnasium prefers v5)
 @pytest.mark.parametrize("env_id", ["Hopper-v4", "Ant-v4", "Reacher-v4", "Humanoid-v4"])
 def test_a_restored_environment_steps_on_exactly_as_the_one_it_was_saved_from(tmp_path, env_id):
