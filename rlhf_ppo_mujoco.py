@@ -320,6 +320,9 @@ def validate_args(args: Args, run_dir=None) -> None:
     human_flags = [name for name in changed if name in ("label_server", "label_token", "instruction", "clip_size", "clip_fps")]
     if args.feedback != "human" and human_flags:
         raise SystemExit(f"error: {flag_list(human_flags)} for --feedback human")
+    video_flags = [name for name in changed if name in ("video_format", "video_seconds")]
+    if video_flags and not args.capture_video:
+        raise SystemExit(f"error: {flag_list(video_flags)} for --capture-video")
     teacher_flags = [name for name in changed if name.startswith("teacher_")]
     if args.feedback == "human" and teacher_flags:
         raise SystemExit(
@@ -428,7 +431,7 @@ class RecordEpisodeVideo(gym.Wrapper):
 
     def __init__(self, env, folder, video_format="mp4", seconds=0.0):
         super().__init__(env)
-        if seconds < 0:
+        if not seconds >= 0:  # (nan too: --eval-only runs no validate_args)
             raise SystemExit(f"error: --video-seconds must be 0 (whole episodes) or positive (got {seconds})")
         self.folder, self.video_format, self.episode, self.frames = folder, video_format, -1, None
         self.max_frames = round(seconds * env.metadata.get("render_fps", 30)) + 1 if seconds > 0 else None

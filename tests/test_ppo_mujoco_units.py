@@ -982,6 +982,12 @@ def test_restored_environments_show_the_restored_state_not_the_reset_one(tmp_pat
     np.testing.assert_allclose(*body_positions, atol=1e-5)
 
 
+def test_a_clip_length_that_is_not_a_number_is_refused_where_the_checks_do_not_run(tmp_path):
+    """--eval-only does not run validate_args: --video-seconds nan filmed whole episodes without a word."""
+    with pytest.raises(SystemExit, match="--video-seconds must be 0"):
+        rl.make_env("Hopper-v4", 0, True, str(tmp_path), {}, video_seconds=float("nan"))()
+
+
 def test_a_checkpoint_without_an_episode_count_resumes_filming_after_the_videos_already_there(tmp_path):
     """A checkpoint from before 2026-12-02 has no episode count: the resumed run numbered its episodes from 0 again, and
     its videos replaced the earlier ones (episode-0, -1, -8, ...). They number on after the last one saved."""
