@@ -289,6 +289,11 @@ def validate_args(args: Args, run_dir=None) -> None:
                 f"error: --behaviour {args.behaviour} reads {family}'s default observation ({obs_size} numbers); "
                 f"with --env-kwargs {args.env_kwargs} it has shape {obs_shape}"
             )
+        if args.behaviour == "backflip" and "healthy_angle_range" not in (env_kwargs or {}):
+            print(
+                "warning: Hopper ends an episode once its torso tilts 0.2 rad: no episode lasts through a flip; add "
+                """--env-kwargs '{"healthy_angle_range": [-1000, 1000]}' (README, "Behaviours without a reward")"""
+            )
     if args.feedback == "human":
         if not args.label_server.startswith(("http://", "https://")):
             raise SystemExit(f"error: --label-server must be an http:// or https:// address (got '{args.label_server}')")

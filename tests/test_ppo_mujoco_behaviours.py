@@ -131,6 +131,18 @@ def test_scripted_settings_that_cannot_work_are_refused_with_a_message(args, mes
         rl.validate_args(settings)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # validate_args probes Hopper-v4 (gymnasium prefers v5)
+def test_a_backflip_run_whose_hopper_ends_its_episodes_before_any_flip_is_warned(capsys):
+    """Hopper ends an episode once its torso tilts 0.2 rad: without README's --env-kwargs no flip can be shown, and a
+    run said nothing about it."""
+    warning = "no episode lasts through a flip"
+    for env_kwargs, warned in (("{}", True), ('{"healthy_angle_range":[-1000,1000]}', False)):
+        settings = tyro.cli(rl.Args, args=["--feedback", "scripted", "--behaviour", "backflip", "--env-kwargs", env_kwargs])
+        rl.fill_runtime_fields(settings)
+        rl.validate_args(settings)
+        assert (warning in capsys.readouterr().out) == warned, env_kwargs
+
+
 @pytest.mark.slow
 def test_a_tiny_scripted_run_is_labelled_by_its_behaviour(tmp_path):
     tiny = "--env HalfCheetah-v4 --total-timesteps 3072 --num-envs 8 --num-steps 64 --pretrain-steps 1024 --labels 40"
