@@ -106,6 +106,8 @@ CREATE INDEX IF NOT EXISTS labels_by_experiment ON labels (experiment, seq);
 -- answered a pair, the other spelling's answer keeps its old name (OR IGNORE) and still counts as another rater's
 UPDATE OR IGNORE answers SET rater = lower(trim(rater)) WHERE rater != lower(trim(rater));
 """
+# the highest label number an experiment's trainer has been sent (0 before any), for an SQL column naming the experiment
+LAST_SENT = "COALESCE((SELECT seq FROM sent_labels s WHERE s.experiment = {}), 0)"
 # after the `open` column exists (LabelStore adds it to older databases): the queue is walked through these, in order
 INDEXES = """
 CREATE INDEX IF NOT EXISTS open_pairs ON pairs (open, golden, created, pair_id);
@@ -461,7 +463,7 @@ class LabelStore:
         with self.lease_lock, self.lock:
             row = self.db.execute(
                 "SELECT a.created, p.experiment, p.golden IS NOT NULL, p.created, l.raters, l.created, "
-                "l.seq <= COALESCE((SELECT seq FROM sent_labels s WHERE s.experiment = p.experiment), 0) "
+                f"l.seq <= {LAST_SENT.format('p.experiment')} "
                 "FROM answers a JOIN pairs p USING (pair_id) LEFT JOIN labels l USING (pair_id) "
                 "WHERE a.pair_id = ? AND a.rater = ?",
                 (pair_id, rater),
@@ -507,7 +509,7 @@ class LabelStore:
             return
         rows = self.db.execute(
             "SELECT l.pair_id, l.experiment, l.raters, p.created FROM labels l JOIN pairs p USING (pair_id) "
-            "WHERE l.created >= ? AND l.seq > COALESCE((SELECT seq FROM sent_labels s WHERE s.experiment = l.experiment), 0)",
+            f"WHERE l.created >= ? AND l.seq > {LAST_SENT.format('l.experiment')}",
             (since,),
         ).fetchall()
         with self._transaction():
@@ -573,20 +575,22 @@ class LabelStore:
         back (labels are numbered in the order they are made, so none is skipped)."""
         with self.lock:
             self.seen[experiment] = time.monotonic()  # its trainer is polling: its pairs are wanted
-        # up to the first label still young enough to be taken back, by sequence number, not by clock time (the
-        # trainer asks for labels after the last number it has: none may be passed over, even if the clock stepped back)
-        rows = self._read(
-            "SELECT l.seq, l.pair_id, l.choice, l.votes, p.metadata FROM labels l JOIN pairs p USING (pair_id) "
-            "WHERE l.experiment = ? AND l.seq > ? AND l.seq < COALESCE((SELECT MIN(seq) FROM labels "
-            "WHERE experiment = ? AND seq > ? AND created > ?), 9223372036854775807) ORDER BY l.seq LIMIT ?",
-            (experiment, since, experiment, since, time.time() - self.undo_seconds, limit),
-        )
-        if rows:  # sent: never taken back now
-            with self.lock, self._transaction():
-                self.db.execute(
-                    "INSERT INTO sent_labels VALUES (?, ?) ON CONFLICT (experiment) DO UPDATE SET seq = MAX(seq, excluded.seq)",
-                    (experiment, rows[-1][0]),
-                )
+            # up to the first label still young enough to be taken back, by sequence number, not by clock time (the
+            # trainer asks for labels after the last number it has: none may be passed over, even if the clock stepped
+            # back)
+            rows = self.db.execute(
+                "SELECT l.seq, l.pair_id, l.choice, l.votes, p.metadata FROM labels l JOIN pairs p USING (pair_id) "
+                "WHERE l.experiment = ? AND l.seq > ? AND l.seq < COALESCE((SELECT MIN(seq) FROM labels "
+                "WHERE experiment = ? AND seq > ? AND created > ?), 9223372036854775807) ORDER BY l.seq LIMIT ?",
+                (experiment, since, experiment, since, time.time() - self.undo_seconds, limit),
+            ).fetchall()
+            if rows:  # sent (in the same step as read: no undo in between): never taken back now
+                with self._transaction():
+                    self.db.execute(
+                        "INSERT INTO sent_labels VALUES (?, ?) ON CONFLICT (experiment) DO UPDATE SET seq = MAX(seq, "
+                        "excluded.seq)",
+                        (experiment, rows[-1][0]),
+                    )
         return [
             {"seq": seq, "pair_id": pair_id, "choice": choice, "votes": json.loads(votes), "metadata": json.loads(meta)}
             for seq, pair_id, choice, votes, meta in rows
@@ -1086,38 +1090,41 @@ def make_handler(store, args, rater_of_key=None):
         def dispatch(self, method):
             try:
                 try:
-                    url = urllib.parse.urlsplit(self.path)
-                except ValueError:  # e.g. an unclosed IPv6 bracket
-                    raise ApiError(HTTPStatus.BAD_REQUEST, f"the request target is not a URL: {self.path!r}") from None
-                query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
-                parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
-                self.check_origin(method, parts)
-                endpoint = self.route(method, parts, query)
-                if endpoint is None:
-                    allowed = ", ".join(m for m in METHODS if self.route(m, parts, query))
-                    if not allowed:
-                        raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {url.path}")
-                    message = f"{method} is not allowed on {url.path}: use {allowed}"
-                    raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, message, {"Allow": allowed})
-                endpoint()
-            except ApiError as error:
-                try:
+                    self.run_endpoint(method)
+                except ApiError as error:  # refused, with its reason (a client gone meanwhile: ConnectionError below)
                     self.send_json(error.status, {"error": error.message}, error.headers)
-                except ConnectionError:  # the client went away before the refusal: nobody to tell (a body cut short)
-                    self.close_connection, self.cut_off = True, "the client closed the connection"
             except TimeoutError:  # the client went silent mid-request: the standard library logs it and closes
                 raise
-            except ConnectionError:  # the client went away (a video element dropping a range request): nobody to answer
-                self.close_connection, self.cut_off = True, "the client closed the connection"
+            except ConnectionError:  # the client went away (a video element dropping a range request, a body cut
+                self.close_connection, self.cut_off = True, "the client closed the connection"  # short): nobody to answer
                 return
             except Exception:  # a bug must not take the server down: log it, report it, keep serving
                 self.log_message("internal error on %s %s, traceback follows", method, request_path(self.path))
                 sys.stderr.write(traceback.format_exc())
                 if self.status is None:  # what failed, and how, is for the log: not for whoever sent the request
                     message = "internal error (its traceback is in the label server's log)"
-                    self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": message})
+                    with contextlib.suppress(ConnectionError):  # (nobody to tell)
+                        self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": message})
                 else:  # the reply had begun: it cannot be replaced by another, only cut short
                     self.close_connection = True
+
+        def run_endpoint(self, method):
+            """Route the request and run its endpoint (an ApiError: the request refused)."""
+            try:
+                url = urllib.parse.urlsplit(self.path)
+            except ValueError:  # e.g. an unclosed IPv6 bracket
+                raise ApiError(HTTPStatus.BAD_REQUEST, f"the request target is not a URL: {self.path!r}") from None
+            query = self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+            parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
+            self.check_origin(method, parts)
+            endpoint = self.route(method, parts, query)
+            if endpoint is None:
+                allowed = ", ".join(m for m in METHODS if self.route(m, parts, query))
+                if not allowed:
+                    raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {url.path}")
+                message = f"{method} is not allowed on {url.path}: use {allowed}"
+                raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, message, {"Allow": allowed})
+            endpoint()
 
         def do_GET(self):
             self.dispatch("GET")
@@ -1339,15 +1346,17 @@ def make_handler(store, args, rater_of_key=None):
             try:
                 for row in reader:
                     # a field that starts with a quote (") runs on, over tabs and line ends, to the next quote: the rows
-                    # in between would be read into it (a worker's comment), and its row's answer taken for a later one's
-                    breaks = sum(value.count("\n") for value in row.values() if isinstance(value, str))
+                    # in between would be read into it (a worker's comment), and its row's answer taken for a later
+                    # one's. A field over lines with a tab in it is such a runaway (a quoted comment of two lines, not)
+                    fields = [v for value in row.values() for v in (value if isinstance(value, list) else [value]) if v]
+                    breaks = sum(field.count("\n") for field in fields)
                     rows.append((reader.line_num - breaks, row))
-                    if breaks:
+                    if any("\n" in field and "\t" in field for field in fields):
                         raise ApiError(
                             HTTPStatus.BAD_REQUEST,
                             f"nothing imported: lines {reader.line_num - breaks}-{reader.line_num} read as one row: a "
-                            'field starts with a quote (") that only a later line closes; quote a field whole, or not '
-                            "at all",
+                            'field starts with a quote (") that only a later line closes, and took in the tabs and '
+                            "line ends between (a worker's comment?)",
                         )
             except csv.Error as error:  # lines ended by CR alone (old spreadsheets), a field over the csv module's limit
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"the TSV cannot be read: {error}") from None

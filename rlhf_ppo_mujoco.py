@@ -289,7 +289,8 @@ def validate_args(args: Args, run_dir=None) -> None:
                 f"error: --behaviour {args.behaviour} reads {family}'s default observation ({obs_size} numbers); "
                 f"with --env-kwargs {args.env_kwargs} it has shape {obs_shape}"
             )
-        if args.behaviour == "backflip" and "healthy_angle_range" not in (env_kwargs or {}):
+        ends_tilted = env_kwargs.get("terminate_when_unhealthy", True) and "healthy_angle_range" not in env_kwargs
+        if args.behaviour == "backflip" and ends_tilted:
             print(
                 "warning: Hopper ends an episode once its torso tilts 0.2 rad: no episode lasts through a flip; add "
                 """--env-kwargs '{"healthy_angle_range": [-1000, 1000]}' (README, "Behaviours without a reward")"""
@@ -1694,6 +1695,9 @@ def resumed_args(args, checkpoint, argv=()):
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
+    video_flags = [name for name in ("video_format", "video_seconds") if name in given]
+    if video_flags and not args.capture_video:  # (validate_args does not see them on a resume, nor runs for --eval-only)
+        raise SystemExit(f"error: {flag_list(video_flags)} for --capture-video")
     labels_path = os.path.join(args.resume, "labels.npz")
     if saved["feedback"] != "true-reward" and not args.eval_only and not os.path.isfile(labels_path):
         raise SystemExit(f"error: {args.resume} has a checkpoint but not the labels saved with it ({labels_path})")
@@ -1726,8 +1730,23 @@ EPISODE_COUNTERS = ("_elapsed_steps", "episode_returns", "episode_lengths", "epi
 # the bodies' poses as a step leaves them (mj_step, then mj_rnePostConstraint: those of its last substep's start), which
 # some tasks read before they simulate (Ant's torso, Humanoid's centre of mass, Reacher-v4's fingertip): recomputed
 # from the restored state, they gave a resumed run's first step another reward
-BODY_POSES = ("xpos", "xquat", "xmat", "xipos", "ximat", "subtree_com", "cinert", "geom_xpos", "geom_xmat", "site_xpos",
-              "site_xmat")  # fmt: skip
+BODY_POSES = (
+    "xpos",
+    "xquat",
+    "xmat",
+    "xipos",
+    "ximat",
+    "subtree_com",
+    "cinert",
+    "geom_xpos",
+    "geom_xmat",
+    "site_xpos",
+    "site_xmat",
+    "cam_xpos",
+    "cam_xmat",
+    "light_xpos",
+    "light_xdir",
+)  # fmt: skip (cameras, lights: its frame)
 
 
 def environment_states(envs):
@@ -1751,7 +1770,8 @@ def restore_environment_states(envs, states):
         mujoco.mj_setState(sim.model, sim.data, state["physics"], mujoco.mjtState.mjSTATE_INTEGRATION)
         mujoco.mj_forward(sim.model, sim.data)  # the body positions a frame is drawn from (else the reset pose's)
         for name, pose in state.get("poses", {}).items():  # (not in checkpoints before 2026-12-04)
-            getattr(sim.data, name)[:] = pose
+            if getattr(sim.data, name).shape == pose.shape:  # (another MuJoCo's model: as mj_forward left it)
+                getattr(sim.data, name)[:] = pose
         sim.np_random.bit_generator.state = state["np_random"]
         for name in EPISODE_COUNTERS:
             if name in state:  # (episode_count: not in checkpoints before 2026-12-02)

@@ -1766,9 +1766,15 @@ def test_a_crowd_comment_that_opens_a_quote_rejects_the_file_rather_than_swallow
     status, reply = import_tsv(server, header + rows)
     assert status == 400 and "lines 2-4" in reply["error"] and "quote" in reply["error"], (status, reply)
     assert [server.call("GET", f"/api/pairs/{p}")[1]["answers"] for p in ("p1", "p2", "p3")] == [[], [], []]
-    # a quoted field closed on its line is read as before, and later rows keep their line numbers
-    status, reply = import_tsv(server, header + 'p1-l\tp1-r\tleft\t"a\tb"\tw1\nnope-l\tp2-r\tright\tok\tw2\n')
-    assert status == 400 and reply["error"].startswith("nothing imported: line 3:"), reply
+    # so does a runaway quote in a column the header does not name
+    status, reply = import_tsv(server, header + 'p1-l\tp1-r\tleft\tok\tw1\t"x\np2-l\tp2-r\tright\tok\tw2"\n')
+    assert status == 400 and "lines 2-3" in reply["error"], (status, reply)
+    # a quoted field, on its line or over two (a comment of two lines), is read as before, and the rows after it and
+    # after a blank line keep their lines' numbers
+    text = header + 'p1-l\tp1-r\tleft\t"a\tb"\tw1\n\np2-l\tp2-r\tright\t"two\nlines"\tw2\nnope-l\tp2-r\tright\tok\tw2\n'
+    status, reply = import_tsv(server, text)
+    assert status == 400 and reply["error"].startswith("nothing imported: line 6:"), reply
+    assert import_tsv(server, header + 'p2-l\tp2-r\tright\t"two\nlines"\tw2\n')[1]["recorded"] == 1
     assert import_tsv(server, header + 'p1-l\tp1-r\tleft\t"a\tb"\tw1\n')[1]["recorded"] == 1
     assert server.call("GET", "/api/pairs/p1")[1]["answers"] == [{"rater": "crowd-w1", "choice": "left"}]
 

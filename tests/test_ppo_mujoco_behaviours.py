@@ -136,7 +136,11 @@ def test_a_backflip_run_whose_hopper_ends_its_episodes_before_any_flip_is_warned
     """Hopper ends an episode once its torso tilts 0.2 rad: without README's --env-kwargs no flip can be shown, and a
     run said nothing about it."""
     warning = "no episode lasts through a flip"
-    for env_kwargs, warned in (("{}", True), ('{"healthy_angle_range":[-1000,1000]}', False)):
+    for env_kwargs, warned in (
+        ("{}", True),
+        ('{"healthy_angle_range":[-1000,1000]}', False),
+        ('{"terminate_when_unhealthy":false}', False),  # (README's other way: episodes last, the gallery's run)
+    ):
         settings = tyro.cli(rl.Args, args=["--feedback", "scripted", "--behaviour", "backflip", "--env-kwargs", env_kwargs])
         rl.fill_runtime_fields(settings)
         rl.validate_args(settings)

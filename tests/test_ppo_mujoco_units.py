@@ -986,6 +986,10 @@ def test_a_clip_length_that_is_not_a_number_is_refused_where_the_checks_do_not_r
     """--eval-only does not run validate_args: --video-seconds nan filmed whole episodes without a word."""
     with pytest.raises(SystemExit, match="--video-seconds must be 0"):
         rl.make_env("Hopper-v4", 0, True, str(tmp_path), {}, video_seconds=float("nan"))()
+    # and the video flags without --capture-video, on a resume or an evaluation, did nothing without a word
+    for given in ({"video_format": "gif"}, {"eval_only": True, "video_seconds": 3.0}):
+        with pytest.raises(SystemExit, match="error: --video-(format|seconds) is for --capture-video"):
+            rl.resumed_args(rl.Args(resume=str(tmp_path), **given), {"args": vars(rl.Args())})
 
 
 def test_a_checkpoint_without_an_episode_count_resumes_filming_after_the_videos_already_there(tmp_path):
