@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import http.client
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -1416,7 +1417,7 @@ class HumanTeacher:
                     hint = " (does --label-token match the server's --token?)" if error.code == 401 else ""
                     raise RuntimeError(f"{method} {path}: HTTP {error.code} {reply}{hint}")
                 reason = f"HTTP {error.code}"
-            except (urllib.error.URLError, OSError) as error:
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as error:  # (a reply cut short too)
                 reason = str(getattr(error, "reason", error))
             print(f"label server at {self.server} unreachable ({reason}); retrying in {delay:.0f} s")
             warned = True

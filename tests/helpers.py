@@ -544,6 +544,32 @@ def assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_on
         teacher.close()
 
 
+def assert_a_reply_cut_short_is_retried(label_server, new_teacher, segments):
+    """A label server stopped while it sends a reply (its restart) cuts the reply short: http.client's IncompleteRead,
+    which is no OSError, stopped the teacher's thread, and so the run, where a server that is down is waited for. The
+    request is sent again. (`label_server` and `segments` are not used: the arguments of the tests beside it.)"""
+    replies = [b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"cut', None]
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():  # the first reply cut short (the connection closed), the second whole
+        for reply in replies:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                body = b'{"labels": [], "last_seq": 0}'
+                whole = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                connection.sendall(reply or whole + body)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    teacher = new_teacher(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        assert teacher._request("GET", "/api/labels?experiment=exp&since=0") == {"labels": [], "last_seq": 0}
+    finally:
+        listener.close()
+    server.join(timeout=10)
+
+
 def assert_processes_of_a_run_never_share_a_pair_id(new_teacher, segments, processes=20_000):
     """Pair ids are {run}-{a part drawn at random by each process}-{index}, and a resumed process goes on from the
     saved index: a run killed after posting pairs it had not saved posts its next pairs under the same indices, and if

@@ -15,6 +15,7 @@ import pytest
 import rlhf_a2c_atari as atari
 import torch
 from helpers import (
+    assert_a_reply_cut_short_is_retried,
     assert_only_a_second_ctrl_c_stops_at_once,
     assert_the_fields_computed_at_run_time_are_not_flags,
     assert_the_pairs_kept_are_the_most_disagreed_on,
@@ -817,6 +818,7 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     [
         assert_a_teacher_whose_label_server_lost_its_pairs_stops,
         assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
+        assert_a_reply_cut_short_is_retried,
     ],
 )
 def test_a_label_server_restarted_on_another_database_stops_the_teacher(tmp_path, label_server, assert_it):

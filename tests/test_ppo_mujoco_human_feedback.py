@@ -10,6 +10,7 @@ import pytest
 import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
+    assert_a_reply_cut_short_is_retried,
     assert_clear_error,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
@@ -167,6 +168,7 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     [
         assert_a_teacher_whose_label_server_lost_its_pairs_stops,
         assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
+        assert_a_reply_cut_short_is_retried,
     ],
 )
 def test_a_label_server_restarted_on_another_database_stops_the_teacher(tmp_path, label_server, assert_it):
