@@ -855,3 +855,11 @@ def assert_the_fields_computed_at_run_time_are_not_flags(args_class, fields, cap
         tyro.cli(args_class, args=["--help"])
     shown = capsys.readouterr().out
     assert "--num-envs" in shown and not [field for field in fields if f"--{field.replace('_', '-')}" in shown]
+
+
+# a label server restarted: the checks each script's human teacher runs (each takes label_server, new_teacher, segments)
+LABEL_SERVER_RESTART_CHECKS = [
+    assert_a_teacher_whose_label_server_lost_its_pairs_stops,
+    assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
+    assert_a_reply_cut_short_is_retried,
+]

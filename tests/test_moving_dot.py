@@ -16,7 +16,7 @@ import rlhf_moving_dot as dot
 import torch
 import tyro
 from helpers import (
-    assert_a_reply_cut_short_is_retried,
+    LABEL_SERVER_RESTART_CHECKS,
     assert_only_a_second_ctrl_c_stops_at_once,
     start_trainer,
     assert_the_pairs_kept_are_the_most_disagreed_on,
@@ -25,9 +25,7 @@ from helpers import (
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
-    assert_a_teacher_whose_label_server_lost_its_pairs_stops,
     assert_the_fields_computed_at_run_time_are_not_flags,
-    assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_resumed_run_keeps_its_videos,
@@ -711,14 +709,7 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     )
 
 
-@pytest.mark.parametrize(
-    "assert_it",
-    [
-        assert_a_teacher_whose_label_server_lost_its_pairs_stops,
-        assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
-        assert_a_reply_cut_short_is_retried,
-    ],
-)
+@pytest.mark.parametrize("assert_it", LABEL_SERVER_RESTART_CHECKS)
 def test_a_label_server_restarted_on_another_database_stops_the_teacher(tmp_path, label_server, assert_it):
     rng = np.random.default_rng(0)
     rollout = coded_rollout(rng)

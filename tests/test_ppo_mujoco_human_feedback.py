@@ -10,14 +10,12 @@ import pytest
 import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
-    assert_a_reply_cut_short_is_retried,
+    LABEL_SERVER_RESTART_CHECKS,
     assert_clear_error,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
-    assert_a_teacher_whose_label_server_lost_its_pairs_stops,
-    assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
@@ -163,14 +161,7 @@ def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_s
     )
 
 
-@pytest.mark.parametrize(
-    "assert_it",
-    [
-        assert_a_teacher_whose_label_server_lost_its_pairs_stops,
-        assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
-        assert_a_reply_cut_short_is_retried,
-    ],
-)
+@pytest.mark.parametrize("assert_it", LABEL_SERVER_RESTART_CHECKS)
 def test_a_label_server_restarted_on_another_database_stops_the_teacher(tmp_path, label_server, assert_it):
     rng = np.random.default_rng(0)
     (tmp_path / "exp").mkdir()
