@@ -187,7 +187,8 @@ class LabelStore:
         # kept in memory, changed with every write that changes them: counting or grouping 100k rows per request is slow
         self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
         self.excluded = self._excluded_raters()
-        self._label_pairs_whose_answers_count_now()  # this start's --overlap or golden settings may count more answers
+        with self._transaction():  # this start's --overlap or golden settings may count more answers
+            self._label_pairs_whose_answers_count_now()
 
     def _read(self, sql, params=()):
         with self.lock:
@@ -195,13 +196,16 @@ class LabelStore:
 
     @contextlib.contextmanager
     def _transaction(self):
-        """The block's statements all committed, or none (then the exception goes on). Under lock."""
+        """The block's statements all committed, or none (then the exception goes on, and what is kept in memory of
+        the database, the open pairs' count and the raters left out, is read from it again). Under lock."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
+            self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
+            self.excluded = self._excluded_raters()
             raise
 
     def put_clip(self, clip_id, content_type, data):
@@ -448,9 +452,9 @@ class LabelStore:
                 )
                 new = cursor.rowcount == 1
                 final, closed = self._finalize(pair_id, experiment, golden)
-            self.open_count -= closed
-            if new and golden:  # the rater's accuracy on golden pairs changed
-                self._count_raters_again()
+                self.open_count -= closed
+                if new and golden:  # the rater's accuracy on golden pairs changed
+                    self._count_raters_again()
             if self.lease_of.get(rater, (None,))[0] == pair_id:  # answered: the lease has done its job (an answer to
                 del self.lease_of[rater]  # another pair leaves it)
         return new, final
@@ -479,16 +483,16 @@ class LabelStore:
             if now - answered > self.undo_seconds or (made_label and now - labelled >= self.undo_seconds):
                 message = f"too late to take back: answers can be taken back for {self.undo_seconds:g} s"
                 raise ApiError(HTTPStatus.CONFLICT, message)
-            with self._transaction():
+            with self._transaction():  # all or nothing: a retried undo finds the answer if any of it failed
                 self.db.execute("DELETE FROM answers WHERE pair_id = ? AND rater = ?", (pair_id, rater))
                 if made_label:
                     self._take_back_label(pair_id, experiment, golden, posted)
-            if golden:  # a golden answer: the rater's accuracy changed
-                left_out = self.excluded
-                self._count_raters_again()
-                # left out again: the labels their votes made since that answer counted them again go (as young: not
-                # sent); their pairs wait for an answer that counts
-                self._take_back_labels_of(self.excluded - left_out, since=answered)
+                if golden:  # a golden answer: the rater's accuracy changed
+                    left_out = self.excluded
+                    self._count_raters_again()
+                    # left out again: the labels their votes made since that answer counted them again go (as young:
+                    # not sent); their pairs wait for an answer that counts
+                    self._take_back_labels_of(self.excluded - left_out, since=answered)
             still_open = self.db.execute("SELECT open FROM pairs WHERE pair_id = ?", (pair_id,)).fetchone() == (1,)
             if still_open:
                 self.lease_of[rater] = (pair_id, time.monotonic() + self.lease_seconds)
@@ -503,8 +507,8 @@ class LabelStore:
             self.open_count += self.db.execute("UPDATE pairs SET open = 1 WHERE pair_id = ? AND open = 0", (pair_id,)).rowcount
 
     def _take_back_labels_of(self, raters, since):
-        """The labels made since `since` (a time) with a vote of one of `raters`, and not yet sent, taken back. Under
-        lock."""
+        """Inside a transaction: the labels made since `since` (a time) with a vote of one of `raters`, and not yet
+        sent, taken back."""
         if not raters:
             return
         rows = self.db.execute(
@@ -512,31 +516,27 @@ class LabelStore:
             f"WHERE l.created >= ? AND l.seq > {LAST_SENT.format('l.experiment')}",
             (since,),
         ).fetchall()
-        with self._transaction():
-            for pair_id, experiment, voters, posted in rows:
-                if raters & set(json.loads(voters or "[]")):
-                    self._take_back_label(pair_id, experiment, False, posted)
+        for pair_id, experiment, voters, posted in rows:
+            if raters & set(json.loads(voters or "[]")):
+                self._take_back_label(pair_id, experiment, False, posted)
 
     def _count_raters_again(self):
-        """Work out again which raters' answers count, after an answer to a golden pair. Under lock."""
+        """Inside a transaction: work out again which raters' answers count, after an answer to a golden pair."""
         before, self.excluded = self.excluded, self._excluded_raters()
         if before - self.excluded:  # raters counted again: their answers may complete pairs still open
             self._label_pairs_whose_answers_count_now(before - self.excluded)
 
     def _label_pairs_whose_answers_count_now(self, raters=None):
-        """Label and close the open pairs that have `overlap` counted answers: their last answer came while it did not
-        count (its rater left out for golden pairs, since counted again; a smaller --overlap since a restart), so no
-        answer made the label. Only the pairs `raters` answered, if given. Under lock (or before the server serves)."""
+        """Inside a transaction: label and close the open pairs that have `overlap` counted answers: their last answer
+        came while it did not count (its rater left out for golden pairs, since counted again; a smaller --overlap
+        since a restart), so no answer made the label. Only the pairs `raters` answered, if given."""
         query = "SELECT DISTINCT p.pair_id, p.experiment FROM answers a JOIN pairs p USING (pair_id) "
         query += "WHERE p.open = 1 AND p.golden IS NULL"
         if raters is not None:
             query += f" AND a.rater IN ({', '.join('?' * len(raters))})"
         rows = self.db.execute(query, sorted(raters or ())).fetchall()
-        closed = 0
-        with self._transaction():
-            for pair_id, experiment in rows:
-                closed += self._finalize(pair_id, experiment, False)[1]
-        self.open_count -= closed
+        for pair_id, experiment in rows:
+            self.open_count -= self._finalize(pair_id, experiment, False)[1]
 
     def _closed_by_trainer(self, pair_id, experiment, posted):
         """Has the pair's trainer closed it: the whole experiment since the pair was posted, or the pair itself (keep)?
@@ -863,9 +863,7 @@ def make_handler(store, args, rater_of_key=None):
         def setup(self):
             super().setup()
             self.rfile.close()
-            # RFC 9112 2.2: one empty line before the request line is ignored (an extra CRLF after a previous body)
-            received = self.received.removeprefix(b"\r\n" if self.received.startswith(b"\r\n") else b"\n")
-            self.rfile = RequestReader(received, self.connection, self.timeout)
+            self.rfile = RequestReader(self.received, self.connection, self.timeout)
 
         def handle_expect_100(self):  # the standard library's "100 Continue", unless the main thread said it: once only
             return True if self.told_to_continue else super().handle_expect_100()
@@ -1878,6 +1876,8 @@ class Server(HTTPServer):
         be told (Expect: 100-continue) to send its body, which is then waited for here like the rest of any request."""
         waiting = self.waiting[connection]
         if waiting.head is None:
+            if waiting.received[:1] in (b"\r", b"\n"):  # RFC 9112 2.2: empty lines before the request line are
+                waiting.received = bytearray(waiting.received.lstrip(b"\r\n"))  # ignored (an extra CRLF after a body)
             end = end_of_head(waiting.received, waiting.searched)
             if end is None and len(waiting.received) <= MAX_HEAD:
                 # not yet: the next search starts where this one stopped, less the bytes (up to 3, "\n\r\n") of a blank

@@ -259,6 +259,43 @@ def test_taking_back_the_golden_answer_that_made_a_rater_count_again_takes_back_
     assert answers_and_label(server, "p") == ([("xi", "left"), ("yu", "right")], "right")
 
 
+def test_a_golden_undo_that_fails_part_way_leaves_everything_as_it_was(tmp_path):
+    """Taking back the golden answer that made a rater count again is three writes: the answer goes, the raters are
+    counted again, the labels the rater's votes made since go. Each was committed on its own: a server killed between
+    them (or a write that failed, here a trigger standing in for a full disk) kept labels made of votes that no longer
+    count, with the answer gone, so the undo could not be tried again (404). Now all or nothing: after the failure the
+    database and the running server are as before the undo, and the undo can be tried again."""
+    path = str(tmp_path / "golden.sqlite")
+    settings = {"golden_every": 1, "golden_min": 1, "golden_threshold": 0.5, "undo_seconds": 60}
+    store = ls.LabelStore(path, **settings)
+    store.put_clip("c", "video/webm", CLIP)
+    for pair_id, golden in [("g1", "left"), ("g2", "left"), ("p", None), ("q", None)]:
+        pair = {"experiment": "exp", "pair_id": pair_id, "left_clip": "c", "right_clip": "c"}
+        store.add_pair({**pair, "instruction": "Which?", "metadata": {}, "golden": golden})
+    store.add_answer("g1", "xi", "right")  # 0 of 1 golden pairs right: not counted
+    store.add_answer("p", "xi", "left")
+    store.add_answer("g2", "xi", "left")  # 1 of 2: counted again, and p is labelled
+
+    def answers_and_labelled(db):
+        answers = db.execute("SELECT pair_id, rater FROM answers ORDER BY pair_id").fetchall()
+        return answers, db.execute("SELECT pair_id FROM labels").fetchall()
+
+    before = answers_and_labelled(store.db)
+    assert before == ([("g1", "xi"), ("g2", "xi"), ("p", "xi")], [("p",)])
+    store.db.execute("CREATE TEMP TRIGGER disk_full BEFORE DELETE ON labels BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    with pytest.raises(sqlite3.DatabaseError, match="disk full"):
+        store.undo_answer("g2", "xi")
+    with closing(sqlite3.connect(path)) as other:  # what a restart would find
+        assert answers_and_labelled(other) == before
+    open_pairs = "SELECT COUNT(*) FROM pairs WHERE open = 1"
+    assert store.open_count == store.db.execute(open_pairs).fetchone()[0] == 3  # the golden ones and q
+    assert store.rater_stats("xi")["counted"]  # the running server's view too: as before
+    store.db.execute("DROP TRIGGER disk_full")
+    assert store.undo_answer("g2", "xi") is True  # tried again: done, and p waits for an answer that counts
+    assert answers_and_labelled(store.db) == ([("g1", "xi"), ("p", "xi")], [])
+    assert not store.rater_stats("xi")["counted"] and store.open_count == 4
+
+
 def test_a_rater_whose_answers_do_not_count_holds_no_pair_back_from_one_whose_do(label_server):
     server = label_server("--golden-min", 1, "--golden-threshold", 0.5)
     post_pair(server, "g1", golden="left")
@@ -493,13 +530,22 @@ def test_a_content_length_with_spaces_around_it_is_read(label_server):
     assert line.startswith("HTTP/1.1 404 ") and b"HTTP/1.1 200 OK" in rest, (line, rest)
 
 
-def test_an_empty_line_before_a_request_line_is_ignored(label_server):
+def test_empty_lines_before_a_request_line_are_ignored(label_server):
     """RFC 9112 2.2: a server SHOULD ignore at least one empty line before a request line (old clients end a POST body
-    with an extra CRLF, which then leads the next request on the connection). The connection was closed unanswered."""
+    with an extra CRLF, which then leads the next request on the connection). The connection was closed unanswered;
+    then, with one empty line ignored, two or more (or a bare LF, or empty lines arriving apart) still dropped it."""
     server = label_server()
     post_pair(server, "p1")
-    line, body = raw_request(server.port, b"\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-    assert line.startswith("HTTP/1.1 200 ") and json.loads(body)["pairs"] == 1, (line, body)
+    healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    for empty_lines in (b"\r\n", b"\n", b"\r\n\r\n", b"\r\n\n\r\n\r\n"):
+        line, body = raw_request(server.port, empty_lines + healthz)
+        assert line.startswith("HTTP/1.1 200 ") and json.loads(body)["pairs"] == 1, (empty_lines, line, body)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:  # the empty lines come apart
+        for part in (b"\r\n", b"\r\n", healthz):
+            sock.sendall(part)
+            time.sleep(0.2)
+        reply = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert reply.startswith(b"HTTP/1.1 200 ") and b'"pairs": 1' in reply, reply
     label = b'{"pair_id": "p1", "rater": "ann", "choice": "left"}'
     post = b"POST /api/labels HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     post += b"Content-Length: %d\r\n\r\n%s\r\n" % (len(label), label)  # the extra CRLF after the body
