@@ -259,6 +259,33 @@ def test_taking_back_the_golden_answer_that_made_a_rater_count_again_takes_back_
     assert answers_and_label(server, "p") == ([("xi", "left"), ("yu", "right")], "right")
 
 
+def test_taking_back_a_golden_answer_leaves_the_labels_made_before_it_and_those_sent(tmp_path):
+    """Of the labels made with the votes of a rater whom an undone golden answer leaves out again, only those made
+    since that answer, and not yet sent to the trainer, go: one made before they were first left out stays (their
+    answers counted then), and so does one the trainer was sent (the server restarted with a longer --undo-seconds)."""
+    path = str(tmp_path / "golden.sqlite")
+    settings = {"golden_every": 1, "golden_min": 1, "golden_threshold": 0.5}
+    store = ls.LabelStore(path, **settings, undo_seconds=0.5)
+    store.put_clip("c", "video/webm", CLIP)
+    pairs = [("g1", "exp", "left"), ("g2", "exp", "left"), ("before", "other", None), ("sent", "exp", None)]
+    for pair_id, experiment, golden in [*pairs, ("after", "exp", None)]:
+        pair = {"experiment": experiment, "pair_id": pair_id, "left_clip": "c", "right_clip": "c"}
+        store.add_pair({**pair, "instruction": "Which?", "metadata": {}, "golden": golden})
+    store.add_answer("before", "xi", "left")  # no golden answer yet: counted, labelled (its trainer has not polled)
+    store.add_answer("g1", "xi", "right")  # 0 of 1: left out
+    store.add_answer("sent", "xi", "left")  # not counted
+    store.add_answer("g2", "xi", "left")  # 1 of 2: counted again, and "sent" is labelled
+    time.sleep(0.6)
+    assert [label["pair_id"] for label in store.labels_since("exp", 0)] == ["sent"]  # its trainer has it
+    store.add_answer("after", "xi", "left")  # counted: labelled, not sent
+    store.db.close()
+    restarted = ls.LabelStore(path, **settings, undo_seconds=60)
+    assert restarted.undo_answer("g2", "xi") is True
+    assert not restarted.rater_stats("xi")["counted"]
+    assert restarted.db.execute("SELECT pair_id FROM labels ORDER BY seq").fetchall() == [("before",), ("sent",)]
+    assert restarted.db.execute("SELECT open FROM pairs WHERE pair_id = 'after'").fetchone() == (1,)
+
+
 def test_a_golden_undo_that_fails_part_way_leaves_everything_as_it_was(tmp_path):
     """Taking back the golden answer that made a rater count again is three writes: the answer goes, the raters are
     counted again, the labels the rater's votes made since go. Each was committed on its own: a server killed between
