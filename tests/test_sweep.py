@@ -1112,6 +1112,30 @@ def test_a_run_another_grid_finished_in_the_same_folder_is_not_counted_as_this_g
     assert "Traceback" not in result.stderr
 
 
+def test_a_local_sweep_does_not_report_a_run_another_grid_finished_while_it_ran(tmp_path):
+    """A local sweep checks for finished runs with other settings as it starts and again before its report: a run of
+    the grid outside this batch (here --feedback true) that another grid's sweep finished in the same --out meanwhile
+    would be reported as this grid's."""
+    import sweep as runner  # noqa: PLC0415 (benchmark/, on the path above)
+
+    grid, out = write_grid(tmp_path, steps=2048), tmp_path / "out"
+    labelled = next(run for run in runner.load_grid(grid)["runs"] if run["mode"] != "true")
+    other_grids = [arg.replace("2048", "1536") for arg in labelled["args"]]  # its run of 1536 steps
+    local = start_sweep("local", grid, "--out", out, "--feedback", "true", "--workers", 1)
+    assert wait_until(lambda: (out / "position__true__1" / "run.log").exists(), 60)  # past the check at the start
+    write_run_log(out, labelled["name"], [-50.0, -40.0])
+    log = out / labelled["name"] / "run.log"
+    log.write_text(
+        f"# 2026-12-04 10:00:00 UTC, started: python {runner.ROOT / 'rlhf_moving_dot.py'} "
+        + shlex.join(other_grids)
+        + "\n"
+        + log.read_text()
+    )
+    _, stderr = local.communicate(timeout=120)
+    assert local.returncode != 0 and "position__labels30__1: --total-timesteps 1536 (the grid: 2048)" in stderr, stderr
+    assert not (out / "table.md").exists()
+
+
 def test_the_report_command_printed_after_a_slurm_submission_reads_the_sweeps_folder(tmp_path):
     """It named the grid only: run as printed, the report read benchmark/sweeps/{grid}, not the sweep's --out."""
     fake = tmp_path / "bin"
