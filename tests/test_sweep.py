@@ -1125,12 +1125,8 @@ def test_a_local_sweep_does_not_report_a_run_another_grid_finished_while_it_ran(
     assert wait_until(lambda: (out / "position__true__1" / "run.log").exists(), 60)  # past the check at the start
     write_run_log(out, labelled["name"], [-50.0, -40.0])
     log = out / labelled["name"] / "run.log"
-    log.write_text(
-        f"# 2026-12-04 10:00:00 UTC, started: python {runner.ROOT / 'rlhf_moving_dot.py'} "
-        + shlex.join(other_grids)
-        + "\n"
-        + log.read_text()
-    )
+    start = f"# 2026-12-04 10:00:00 UTC, started: python {runner.ROOT / 'rlhf_moving_dot.py'} {shlex.join(other_grids)}"
+    log.write_text(f"{start}\n{log.read_text()}")
     _, stderr = local.communicate(timeout=120)
     assert local.returncode != 0 and "position__labels30__1: --total-timesteps 1536 (the grid: 2048)" in stderr, stderr
     assert not (out / "table.md").exists()
