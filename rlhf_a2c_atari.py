@@ -998,8 +998,8 @@ class RewardModelTraining:
         self.training_ensemble.load_state_dict(self.policy_ensemble.state_dict())
         # the thread's dropout draws from a random stream of its own: drawn from the global torch generator, which A2C's
         # actions use, it would take numbers in an order that changes from run to run. Its seed comes from the run's.
-        dropout_seed = int(np.random.SeedSequence(args.seed).spawn(1)[0].generate_state(1, np.uint64)[0])
-        self.dropout_generator = torch.Generator(device).manual_seed(dropout_seed)
+        self.dropout_seed = int(np.random.SeedSequence(args.seed).spawn(1)[0].generate_state(1, np.uint64)[0])
+        self.dropout_generator = torch.Generator(device).manual_seed(self.dropout_seed)
         for module in self.training_ensemble.modules():
             if isinstance(module, ByteDropout):
                 module.generator = self.dropout_generator
@@ -1126,8 +1126,12 @@ class RewardModelTraining:
                 self.job = Future()
                 self.job.set_result(validation)
         dropout_state = (checkpoint.get("random_states") or {}).get("reward_dropout")
-        if dropout_state is not None:
+        if dropout_state is not None and dropout_state.numel() == self.dropout_generator.get_state().numel():
             self.dropout_generator.set_state(dropout_state)
+        elif dropout_state is not None:  # a GPU's stream is 16 bytes, a CPU's 5056: neither takes the other's
+            self.dropout_generator.manual_seed((self.dropout_seed + self.gradient_steps) % 2**64)
+            print("note: the checkpoint was saved on another kind of device (GPU or CPU): the reward model's dropout")
+            print("  draws start again from the run's seed and its steps so far (the run goes on, not as it would have)")
 
 
 # Evaluation of a saved agent

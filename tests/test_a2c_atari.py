@@ -2,6 +2,8 @@
 rebuild, the CNN reward model, the label buffer and schedule, and a subprocess run of each mode (synthetic, true reward
 with video, human through a live label server, interrupted and resumed; marked slow)."""
 
+import contextlib
+import io
 import math
 import re
 import signal
@@ -994,6 +996,31 @@ def test_tensorboard_shows_each_step_once_after_a_resume_that_redoes_a_label_rou
     for tag in ("losses/value_loss", "labels/total"):  # (labels/total is logged in pretraining too)
         assert [step for step, _ in logged[tag] if step > 2000] == list(range(2010, 4001, 10)), tag  # each RL iteration, once
     assert_the_settings_show_once_per_start(run_dir, stopped_at // 100 * 1000)
+
+
+def test_a_reward_model_saved_on_another_kind_of_device_resumes(tmp_path):
+    """A run trained on a GPU (CUDA is this script's default) and resumed on a machine without one died in the resume
+    with a traceback: its reward model's dropout stream was saved as a CUDA generator's state (16 bytes; seen on an
+    H200, benchmark/notes/device_batch.md), which a CPU generator refuses (it wants 5056), and the other way round.
+    Such a stream starts again, from the run's seed and the reward model's steps so far, and the run says so."""
+    args = checked_args(**dict(vars(atari.Args()), labels=12, pretrain_labels=6, round_steps=100, num_envs=2))
+    saved = atari.RewardModelTraining(args, "cpu")
+    saved.gradient_steps = 40
+    cuda_state = torch.arange(16, dtype=torch.uint8)  # a CUDA generator's: its seed and offset
+    checkpoint = saved.state_dict() | {"random_states": {"reward_dropout": cuda_state}}
+    resumed, fresh = atari.RewardModelTraining(args, "cpu"), atari.RewardModelTraining(args, "cpu")
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        resumed.load_state_dict(checkpoint, "cpu")
+    assert resumed.gradient_steps == 40 and "dropout" in output.getvalue() and "another kind of device" in output.getvalue()
+    draws = [torch.rand(4, generator=training.dropout_generator) for training in (resumed, fresh)]
+    assert not torch.equal(*draws)  # not the stream the run began with, drawn again
+    again = atari.RewardModelTraining(args, "cpu")
+    with contextlib.redirect_stdout(io.StringIO()):
+        again.load_state_dict(checkpoint, "cpu")
+    assert torch.equal(torch.rand(4, generator=again.dropout_generator), draws[0])  # reproducible
+    for training in (saved, resumed, fresh, again):
+        training.close()
 
 
 @pytest.mark.slow
