@@ -604,7 +604,8 @@ def test_reward_model_trains_in_its_own_thread_and_a_repeated_run_ends_the_same(
     for name, state in first["random_states"].items():  # every generator ends where it ended the first time
         assert _same(second["random_states"][name], state), name
     # the reward thread's dropout stream is not the global torch one (it used to be seeded with the same seed)
-    dropout, global_torch = torch.Generator(), torch.Generator()
+    dropout = torch.Generator("cuda" if torch.cuda.is_available() else "cpu")  # the run's device (--cuda is on)
+    global_torch = torch.Generator()
     dropout.set_state(first["random_states"]["reward_dropout"])
     global_torch.set_state(first["random_states"]["torch"])
     assert dropout.initial_seed() != global_torch.initial_seed()
