@@ -1091,12 +1091,16 @@ class RewardModelTraining:
         self.l2_coef = adapt_l2(self.l2_coef, self.train_loss, self.val_loss)
 
     def close(self):
-        self.thread.shutdown()  # after the step in progress, if any
+        try:
+            if self.job is not None:
+                self.job.result()  # the last step's error, if any: raised, not lost (RL waited for every other step)
+        finally:
+            self.thread.shutdown()
 
     # --- Infrastructure: checkpoint (the keys of older versions, "reward_fitting" being the training copy) ---
     def state_dict(self):
         if self.job is not None:
-            wait([self.job])  # the step in progress (its error, if any, is raised where RL waits for it)
+            wait([self.job])  # the step in progress (its error, if any, is raised where RL waits for it, or by close)
         step_done = self.job is not None and self.job.exception() is None  # A2C takes its weights at the next one
         return {
             "reward_ensemble": self.policy_ensemble.state_dict(),

@@ -999,6 +999,20 @@ def test_tensorboard_shows_each_step_once_after_a_resume_that_redoes_a_label_rou
     assert_the_settings_show_once_per_start(run_dir, stopped_at // 100 * 1000)
 
 
+def test_an_error_in_the_reward_models_last_step_is_raised_not_lost():
+    """RL waits for each step of the reward thread and so meets its error, but nothing waited for the last one: the
+    run closed the thread, saved, and ended as if all was well (rlhf_ppo_mujoco.py's close raises it)."""
+    args = checked_args(**dict(vars(atari.Args()), labels=12, pretrain_labels=6, round_steps=100, num_envs=2))
+    training = atari.RewardModelTraining(args, "cpu")
+
+    def failing_step():
+        raise FloatingPointError("the last step's loss is nan")
+
+    training.job = training.thread.submit(failing_step)
+    with pytest.raises(FloatingPointError, match="nan"):
+        training.close()
+
+
 def test_a_reward_model_saved_on_another_kind_of_device_resumes(tmp_path):
     """A run trained on a GPU (CUDA is this script's default) and resumed on a machine without one died in the resume
     with a traceback: its reward model's dropout stream was saved as a CUDA generator's state (16 bytes; seen on an
