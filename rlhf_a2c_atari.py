@@ -330,6 +330,12 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --num-envs, --num-steps, --total-timesteps, --log-every, --checkpoint-every must be positive")
     if args.checkpoint_every != Args.checkpoint_every and not (args.save_model or args.resume):
         raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
+    if args.eval_episodes != Args.eval_episodes and not args.eval_only:  # a training run evaluates nothing
+        raise SystemExit("error: --eval-episodes is for --eval-only")
+    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and not args.resume:
+        raise SystemExit("error: --candidate-multiplier is for --selection variance (random selection draws no candidates)")
+    if args.reward_norm_window != Args.reward_norm_window and args.reward_normalization != "policy" and not args.resume:
+        raise SystemExit("error: --reward-norm-window is for --reward-normalization policy")
     if args.reward_norm_window < 1 or not args.reward_std > 0:
         raise SystemExit("error: --reward-norm-window and --reward-std must be positive")
     not_numbers = [f"--{name.replace('_', '-')}" for name, value in vars(args).items() if value != value]  # nan only
@@ -1549,6 +1555,8 @@ def resumed_args(args: Args, checkpoint, argv=()) -> Args:
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
+    if "eval_episodes" in given and not args.eval_only:  # (validate_args does not see it on a resume)
+        raise SystemExit("error: --eval-episodes is for --eval-only")
     if args.eval_only and args.eval_episodes < 1:
         raise SystemExit("error: --eval-only needs --eval-episodes 1 or more")
     labels_dir = os.path.join(args.resume, "labels")

@@ -344,6 +344,10 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
     if args.checkpoint_every != Args.checkpoint_every and not (args.save_model or args.resume):
         raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
+    if args.eval_episodes != Args.eval_episodes and not args.eval_only:  # a training run evaluates nothing
+        raise SystemExit("error: --eval-episodes is for --eval-only")
+    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and not args.resume:
+        raise SystemExit("error: --candidate-multiplier is for --selection variance (random selection draws no candidates)")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
     # settings that only one kind of teacher reads: given to another, they would be silently ignored (a resumed run's
@@ -1710,6 +1714,8 @@ def resumed_args(args, checkpoint, argv=()):
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
+    if "eval_episodes" in given and not args.eval_only:  # (validate_args does not see it on a resume)
+        raise SystemExit("error: --eval-episodes is for --eval-only")
     labels_path = os.path.join(args.resume, "labels.npz")
     if saved["feedback"] != "true-reward" and not args.eval_only and not os.path.isfile(labels_path):
         raise SystemExit(f"error: {args.resume} has a checkpoint but not the labels saved with it ({labels_path})")

@@ -316,6 +316,10 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --learning-rate (finite), --checkpoint-every and --eval-episodes must be positive")
     if args.checkpoint_every != Args.checkpoint_every and not (args.save_model or args.resume):
         raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
+    if args.eval_episodes != Args.eval_episodes and not args.eval_only:  # a training run evaluates nothing
+        raise SystemExit("error: --eval-episodes is for --eval-only")
+    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and not args.resume:
+        raise SystemExit("error: --candidate-multiplier is for --selection variance (random selection draws no candidates)")
     # gamma 1: a fall's absorbing value, its reward / (1 - gamma), would be 0/0 (README "Episodes that end early")
     if not (0 <= args.gamma < 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma must be in [0, 1), --gae-lambda in [0, 1], --clip-coef and --max-grad-norm positive")
@@ -1696,6 +1700,8 @@ def resumed_args(args, checkpoint, argv=()):
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
+    if "eval_episodes" in given and not args.eval_only:  # (validate_args does not see it on a resume)
+        raise SystemExit("error: --eval-episodes is for --eval-only")
     video_flags = [name for name in ("video_format", "video_seconds") if name in given]
     if video_flags and not args.capture_video:  # (validate_args does not see them on a resume, nor runs for --eval-only)
         raise SystemExit(f"error: {flag_list(video_flags)} for --capture-video")

@@ -109,12 +109,16 @@ def assert_a_resumed_run_is_not_refused_its_own_settings(module):
         module.fill_runtime_fields(args)
         module.validate_args(args)
 
-    for saved in ({"feedback": "human", "teacher_beta": 1.0}, {"clip_fps": 10, "instruction": "Which?"}):
+    saved_settings = [{"feedback": "human", "teacher_beta": 1.0}, {"clip_fps": 10, "instruction": "Which?"}]
+    for saved in [*saved_settings, {"selection": "random", "candidate_multiplier": 4}]:
         validated(resume="runs/old", **saved)
         with pytest.raises(SystemExit, match="are for|is for"):  # the same settings in a new run
             validated(**saved)
     with pytest.raises(SystemExit, match=re.escape("error: --label-token is for --feedback human")):
         validated(resume="runs/old", label_token="s3cret")
+    # what to do with the run comes from the command line, but --eval-episodes only means something for --eval-only
+    with pytest.raises(SystemExit, match=re.escape("error: --eval-episodes is for --eval-only")):
+        module.resumed_args(module.Args(resume="runs/old", eval_episodes=3), {"args": vars(module.Args())})
 
 
 def assert_a_kill_after_a_checkpoint_loses_no_label(cwd, args, line_prefix, script, module):

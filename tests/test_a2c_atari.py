@@ -1135,6 +1135,9 @@ def test_a_resume_that_cannot_be_done_as_asked_is_refused_and_leaves_the_run_as_
         ({"teacher_beta": 0.0}, "--teacher-beta must be positive"),
         ({"teacher_equal_margin": -0.5}, "--teacher-equal-margin must be at least 0"),
         ({"checkpoint_every": 100}, "--checkpoint-every is for --save-model"),  # no checkpoint was written
+        ({"eval_episodes": 3}, "error: --eval-episodes is for --eval-only"),  # a training run evaluates nothing
+        ({"selection": "random", "candidate_multiplier": 4}, "error: --candidate-multiplier is for --selection variance"),
+        ({"reward_normalization": "judged", "reward_norm_window": 50}, "error: --reward-norm-window is for"),
         ({"reward_lr": 0.0}, "--reward-lr and --learning-rate must be positive"),
         # one member has no disagreement: variance selection kept the first candidates, random selection unsaid
         ({"ensemble_size": 1}, "--selection variance needs --ensemble-size 2 or more"),
@@ -1157,8 +1160,10 @@ def test_the_fields_computed_at_run_time_are_not_flags(capsys):
 
 def test_a_resumed_run_keeps_its_own_settings_and_a_frozen_reward_run_of_an_older_version_is_refused():
     saved = vars(atari.Args(seed=7, labels=40))
-    args = atari.resumed_args(atari.Args(resume="runs/a", eval_episodes=2), {"args": saved})
+    args = atari.resumed_args(atari.Args(resume="runs/a", eval_only=True, eval_episodes=2), {"args": saved})
     assert (args.seed, args.labels, args.resume, args.eval_episodes) == (7, 40, "runs/a", 2)
+    with pytest.raises(SystemExit, match="--eval-episodes is for --eval-only"):  # a resumed training run: ignored
+        atari.resumed_args(atari.Args(resume="runs/a", eval_episodes=2), {"args": saved})
     with pytest.raises(SystemExit, match="--seed 3 differs from the run's own 7"):  # was dropped without a word
         atari.resumed_args(atari.Args(resume="runs/a", seed=3, labels=40), {"args": saved})
     old = {"args": {**saved, "frozen_reward": None}}  # a checkpoint of a version that had --frozen-reward

@@ -1013,6 +1013,8 @@ BAD_NUMBERS = [
     ("--teacher-equal-margin 20 --segment-len 10", "--teacher-equal-margin 20 makes every answer equal"),
     ("--teacher-equal-margin 20 --teacher-gamma 0.5 --segment-len 10", "true returns differ by at most 20"),
     ("--checkpoint-every 5", "--checkpoint-every is for --save-model"),  # no checkpoint was written
+    ("--eval-episodes 3", "error: --eval-episodes is for --eval-only"),  # a training run evaluates nothing
+    ("--selection random --candidate-multiplier 4", "error: --candidate-multiplier is for --selection variance"),
     ("--reward-std -1", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
     ("--reward-lr inf", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward-eval"),
     ("--reward-batch-size 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and --reward"),

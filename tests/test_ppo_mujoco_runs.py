@@ -373,6 +373,8 @@ BAD_NUMBERS = [
     ("--reward-eval-every 0", "--reward-std, --reward-lr (both finite), --reward-batch-size, --reward-updates and"),
     ("--checkpoint-every 0", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
     ("--checkpoint-every 5", "--checkpoint-every is for --save-model"),  # no checkpoint was written
+    ("--eval-episodes 3", "error: --eval-episodes is for --eval-only"),  # a training run evaluates nothing
+    ("--selection random --candidate-multiplier 4", "error: --candidate-multiplier is for --selection variance"),
     ("--video-seconds 5 --video-format gif", "error: --video-format, --video-seconds are for --capture-video"),
     ("--learning-rate -1", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),
     ("--learning-rate inf", "--learning-rate (finite), --checkpoint-every and --eval-episodes must be positive"),

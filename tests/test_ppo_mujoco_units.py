@@ -993,6 +993,8 @@ def test_a_clip_length_that_is_not_a_number_is_refused_where_the_checks_do_not_r
     for given in ({"video_format": "gif"}, {"eval_only": True, "video_seconds": 3.0}):
         with pytest.raises(SystemExit, match="error: --video-(format|seconds) is for --capture-video"):
             rl.resumed_args(rl.Args(resume=str(tmp_path), **given), {"args": vars(rl.Args())})
+    with pytest.raises(SystemExit, match="error: --eval-episodes is for --eval-only"):  # a resumed training run
+        rl.resumed_args(rl.Args(resume=str(tmp_path), eval_episodes=3), {"args": vars(rl.Args())})
 
 
 def test_a_checkpoint_without_an_episode_count_resumes_filming_after_the_videos_already_there(tmp_path):
