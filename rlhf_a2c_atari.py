@@ -332,9 +332,10 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
     if args.eval_episodes != Args.eval_episodes and not args.eval_only:  # a training run evaluates nothing
         raise SystemExit("error: --eval-episodes is for --eval-only")
-    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and not args.resume:
+    new_preference_run = args.feedback != "true-reward" and not args.resume  # (a true-reward run reads none of these)
+    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and new_preference_run:
         raise SystemExit("error: --candidate-multiplier is for --selection variance (random selection draws no candidates)")
-    if args.reward_norm_window != Args.reward_norm_window and args.reward_normalization != "policy" and not args.resume:
+    if args.reward_norm_window != Args.reward_norm_window and args.reward_normalization != "policy" and new_preference_run:
         raise SystemExit("error: --reward-norm-window is for --reward-normalization policy")
     if args.reward_norm_window < 1 or not args.reward_std > 0:
         raise SystemExit("error: --reward-norm-window and --reward-std must be positive")

@@ -346,7 +346,8 @@ def validate_args(args: Args, run_dir=None) -> None:
         raise SystemExit("error: --checkpoint-every is for --save-model (no checkpoint is written without it)")
     if args.eval_episodes != Args.eval_episodes and not args.eval_only:  # a training run evaluates nothing
         raise SystemExit("error: --eval-episodes is for --eval-only")
-    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and not args.resume:
+    new_preference_run = args.feedback != "true-reward" and not args.resume  # (a true-reward run reads none of these)
+    if args.candidate_multiplier != Args.candidate_multiplier and args.selection != "variance" and new_preference_run:
         raise SystemExit("error: --candidate-multiplier is for --selection variance (random selection draws no candidates)")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
         raise SystemExit("error: --gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
