@@ -184,11 +184,15 @@ class LabelStore:
             # (taking an answer back leaves those labels, as it does a label the answer was not one of the votes of)
             self.db.execute("ALTER TABLE labels ADD COLUMN raters TEXT")
         self.db.executescript(INDEXES)
-        # kept in memory, changed with every write that changes them: counting or grouping 100k rows per request is slow
-        self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
-        self.excluded = self._excluded_raters()
+        self._read_counts()
         with self._transaction():  # this start's --overlap or golden settings may count more answers
             self._label_pairs_whose_answers_count_now()
+
+    def _read_counts(self):
+        """What is kept in memory of the database, changed with every write that changes it (counting or grouping 100k
+        rows per request is slow): the open pairs' count and the raters left out."""
+        self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
+        self.excluded = self._excluded_raters()
 
     def _read(self, sql, params=()):
         with self.lock:
@@ -197,15 +201,17 @@ class LabelStore:
     @contextlib.contextmanager
     def _transaction(self):
         """The block's statements all committed, or none (then the exception goes on, and what is kept in memory of
-        the database, the open pairs' count and the raters left out, is read from it again). Under lock."""
+        the database is read from it again). Under lock."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
-            self.open_count = self.db.execute("SELECT COUNT(*) FROM pairs WHERE open = 1").fetchone()[0]
-            self.excluded = self._excluded_raters()
+            try:
+                if self.db.in_transaction:  # (SQLite rolls back itself after some errors: a full disk, I/O)
+                    self.db.execute("ROLLBACK")
+            finally:
+                self._read_counts()
             raise
 
     def put_clip(self, clip_id, content_type, data):

@@ -1140,7 +1140,8 @@ class RewardModelTraining:
         if dropout_state is not None and dropout_state.numel() == self.dropout_generator.get_state().numel():
             self.dropout_generator.set_state(dropout_state)
         elif dropout_state is not None:  # a GPU's stream is 16 bytes, a CPU's 5056: neither takes the other's
-            self.dropout_generator.manual_seed((self.dropout_seed + self.gradient_steps) % 2**64)
+            trained_so_far = self.gradient_steps + self.pretrain_epochs_done  # (pretraining draws from it too)
+            self.dropout_generator.manual_seed((self.dropout_seed + trained_so_far) % 2**64)
             print("note: the checkpoint was saved on another kind of device (GPU or CPU): the reward model's dropout")
             print("  draws start again from the run's seed and its steps so far (the run goes on, not as it would have)")
 
@@ -1556,7 +1557,7 @@ def resumed_args(args: Args, checkpoint, argv=()) -> Args:
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
-    if "eval_episodes" in given and not args.eval_only:  # (validate_args does not see it on a resume)
+    if "eval_episodes" in given and not args.eval_only:  # (named on the command line, even at its default)
         raise SystemExit("error: --eval-episodes is for --eval-only")
     if args.eval_only and args.eval_episodes < 1:
         raise SystemExit("error: --eval-only needs --eval-episodes 1 or more")
@@ -1927,9 +1928,9 @@ if __name__ == "__main__":
     if stop_requested.is_set():
         print(f"interrupted at step {global_step}")
     if rlhf:
-        reward_training.close()  # after the reward thread's step in progress, if any
         print(f"{buffer.total} labels saved in {labels_dir}/")
         teacher.close(run_finished=completed == args.num_iterations)
+        reward_training.close()  # after the reward thread's step in progress, if any (its error is raised)
     if args.save_model:
         checkpoint_now()
         print(f"checkpoint saved to {checkpoint_path}")

@@ -1715,7 +1715,7 @@ def resumed_args(args, checkpoint, argv=()):
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
-    if "eval_episodes" in given and not args.eval_only:  # (validate_args does not see it on a resume)
+    if "eval_episodes" in given and not args.eval_only:  # (named on the command line, even at its default)
         raise SystemExit("error: --eval-episodes is for --eval-only")
     labels_path = os.path.join(args.resume, "labels.npz")
     if saved["feedback"] != "true-reward" and not args.eval_only and not os.path.isfile(labels_path):

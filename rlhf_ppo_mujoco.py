@@ -1701,7 +1701,7 @@ def resumed_args(args, checkpoint, argv=()):
                 f"error: {flag} {value} differs from the run's own {saved.get(name, defaults[name])}: a resumed run keeps "
                 f"its settings (start a new run to change {flag})"
             )
-    if "eval_episodes" in given and not args.eval_only:  # (validate_args does not see it on a resume)
+    if "eval_episodes" in given and not args.eval_only:  # (named on the command line, even at its default)
         raise SystemExit("error: --eval-episodes is for --eval-only")
     video_flags = [name for name in ("video_format", "video_seconds") if name in given]
     if video_flags and not args.capture_video:  # (validate_args does not see them on a resume, nor runs for --eval-only)

@@ -1149,6 +1149,14 @@ def test_impossible_settings_are_refused_with_a_message(settings, message):
         checked_args(**settings)
 
 
+def test_a_window_for_the_policy_normalisation_is_refused_only_where_a_new_labelled_run_would_ignore_it():
+    judged = {"reward_normalization": "judged", "reward_norm_window": 50}
+    with pytest.raises(SystemExit, match="--reward-norm-window is for --reward-normalization policy"):
+        checked_args(**judged)
+    checked_args(**judged, resume="runs/old")  # a run's own settings: it cannot change them
+    checked_args(**judged, feedback="true-reward")  # reads no preference flag (sweep grids share them between modes)
+
+
 def test_only_a_second_ctrl_c_stops_at_once():
     assert_only_a_second_ctrl_c_stops_at_once(atari)
 

@@ -286,30 +286,36 @@ def test_taking_back_a_golden_answer_leaves_the_labels_made_before_it_and_those_
     assert restarted.db.execute("SELECT open FROM pairs WHERE pair_id = 'after'").fetchone() == (1,)
 
 
-def test_a_golden_undo_that_fails_part_way_leaves_everything_as_it_was(tmp_path):
+@pytest.mark.parametrize("undone_by", ["ABORT", "ROLLBACK"])  # the failed statement, or (as SQLite does) all of it
+def test_a_golden_undo_that_fails_part_way_leaves_everything_as_it_was(tmp_path, undone_by):
     """Taking back the golden answer that made a rater count again is three writes: the answer goes, the raters are
     counted again, the labels the rater's votes made since go. Each was committed on its own: a server killed between
-    them (or a write that failed, here a trigger standing in for a full disk) kept labels made of votes that no longer
-    count, with the answer gone, so the undo could not be tried again (404). Now all or nothing: after the failure the
-    database and the running server are as before the undo, and the undo can be tried again."""
+    them (or a write that failed, here a trigger standing in for a full disk, after one of two labels went) kept
+    labels made of votes that no longer count, with the answer gone, so the undo could not be tried again (404). Now
+    all or nothing: after the failure the database and the running server are as before the undo, and the undo can be
+    tried again."""
     path = str(tmp_path / "golden.sqlite")
     settings = {"golden_every": 1, "golden_min": 1, "golden_threshold": 0.5, "undo_seconds": 60}
     store = ls.LabelStore(path, **settings)
     store.put_clip("c", "video/webm", CLIP)
-    for pair_id, golden in [("g1", "left"), ("g2", "left"), ("p", None), ("q", None)]:
+    for pair_id, golden in [("g1", "left"), ("g2", "left"), ("p", None), ("p2", None), ("q", None)]:
         pair = {"experiment": "exp", "pair_id": pair_id, "left_clip": "c", "right_clip": "c"}
         store.add_pair({**pair, "instruction": "Which?", "metadata": {}, "golden": golden})
     store.add_answer("g1", "xi", "right")  # 0 of 1 golden pairs right: not counted
     store.add_answer("p", "xi", "left")
-    store.add_answer("g2", "xi", "left")  # 1 of 2: counted again, and p is labelled
+    store.add_answer("p2", "xi", "left")
+    store.add_answer("g2", "xi", "left")  # 1 of 2: counted again, and p and p2 are labelled
 
     def answers_and_labelled(db):
         answers = db.execute("SELECT pair_id, rater FROM answers ORDER BY pair_id").fetchall()
-        return answers, db.execute("SELECT pair_id FROM labels").fetchall()
+        return answers, db.execute("SELECT pair_id FROM labels ORDER BY pair_id").fetchall()
 
     before = answers_and_labelled(store.db)
-    assert before == ([("g1", "xi"), ("g2", "xi"), ("p", "xi")], [("p",)])
-    store.db.execute("CREATE TEMP TRIGGER disk_full BEFORE DELETE ON labels BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    assert before == ([("g1", "xi"), ("g2", "xi"), ("p", "xi"), ("p2", "xi")], [("p",), ("p2",)])
+    store.db.execute(  # p's label goes first and its pair opens again (counted in memory), then p2's fails
+        "CREATE TEMP TRIGGER disk_full BEFORE DELETE ON labels WHEN OLD.pair_id = 'p2' "
+        f"BEGIN SELECT RAISE({undone_by}, 'disk full'); END"
+    )
     with pytest.raises(sqlite3.DatabaseError, match="disk full"):
         store.undo_answer("g2", "xi")
     with closing(sqlite3.connect(path)) as other:  # what a restart would find
@@ -318,9 +324,9 @@ def test_a_golden_undo_that_fails_part_way_leaves_everything_as_it_was(tmp_path)
     assert store.open_count == store.db.execute(open_pairs).fetchone()[0] == 3  # the golden ones and q
     assert store.rater_stats("xi")["counted"]  # the running server's view too: as before
     store.db.execute("DROP TRIGGER disk_full")
-    assert store.undo_answer("g2", "xi") is True  # tried again: done, and p waits for an answer that counts
-    assert answers_and_labelled(store.db) == ([("g1", "xi"), ("p", "xi")], [])
-    assert not store.rater_stats("xi")["counted"] and store.open_count == 4
+    assert store.undo_answer("g2", "xi") is True  # tried again: done, and p and p2 wait for an answer that counts
+    assert answers_and_labelled(store.db) == ([("g1", "xi"), ("p", "xi"), ("p2", "xi")], [])
+    assert not store.rater_stats("xi")["counted"] and store.open_count == 5
 
 
 def test_a_rater_whose_answers_do_not_count_holds_no_pair_back_from_one_whose_do(label_server):
