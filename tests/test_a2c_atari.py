@@ -1034,7 +1034,12 @@ def test_a_reward_model_saved_on_another_kind_of_device_resumes(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()):
         again.load_state_dict(checkpoint, "cpu")
     assert torch.equal(torch.rand(4, generator=again.dropout_generator), draws[0])  # reproducible
-    for training in (saved, resumed, fresh, again):
+    pretrained = atari.RewardModelTraining(args, "cpu")  # stopped after pretraining epochs only: no RL step yet
+    with contextlib.redirect_stdout(io.StringIO()):
+        pretrained.load_state_dict(checkpoint | {"reward_steps": 0, "reward_pretrain_epochs": 3}, "cpu")
+    first_draws = torch.rand(4, generator=atari.RewardModelTraining(args, "cpu").dropout_generator)
+    assert not torch.equal(torch.rand(4, generator=pretrained.dropout_generator), first_draws)  # not the run's first masks
+    for training in (saved, resumed, fresh, again, pretrained):
         training.close()
 
 
