@@ -20,15 +20,23 @@ import statistics
 
 
 def bin_means(path, bin_steps):
-    """{bin index: mean true return of the progress lines whose step falls in it} for one log."""
-    sums, counts = {}, {}
+    """{bin index: mean true return of the progress lines whose step falls in it} for one log. A run resumed with
+    `--resume ... >> LOG` starts again at its checkpoint's step: its lines replace the stopped run's from that step on
+    (as in plot.py)."""
+    kept = []  # (step, true return or None) of the run's progress lines
     with open(path) as log:
         for line in log:
-            found = re.match(r"step (\d+),.*?true return (-?[\d.]+)", line)
+            found = re.match(r"step (\d+),(?:.*?true return (-?[\d.]+))?", line)
             if found:
-                step, value = int(found.group(1)), float(found.group(2))
-                index = (step - 1) // bin_steps
-                sums[index], counts[index] = sums.get(index, 0.0) + value, counts.get(index, 0) + 1
+                step = int(found.group(1))
+                while kept and kept[-1][0] >= step:
+                    kept.pop()
+                kept.append((step, None if found.group(2) is None else float(found.group(2))))
+    sums, counts = {}, {}
+    for step, value in kept:
+        if value is not None:  # (before the first episode ends, a line has no true return)
+            index = (step - 1) // bin_steps
+            sums[index], counts[index] = sums.get(index, 0.0) + value, counts.get(index, 0) + 1
     return {index: sums[index] / counts[index] for index in sorted(sums)}
 
 

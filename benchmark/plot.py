@@ -104,17 +104,22 @@ def main():
     ]
     finals = {}
     for exp_name, runs in sorted(groups.items()):
-        # each seed's curve on a common step grid; an unfinished run's curve stops at its last progress line
+        # each seed's curve on a common step grid, up to the last step every seed reached (a run under way or stopped
+        # ends the group's curve and final there: a mean past it would be of fewer seeds)
+        last_step = min(steps.max() for _, steps, _ in runs)
         curves = np.array([np.interp(grid, steps, returns, left=np.nan, right=np.nan) for _, steps, returns in runs])
+        curves[:, grid > last_step] = np.nan
         with warnings.catch_warnings():  # grid points before any run's first progress line are NaN for all seeds
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, std = np.nanmean(curves, 0), seeds_std(curves)
         plt.plot(grid, mean, label=f"{exp_name} ({len(runs)} seeds)")
         plt.fill_between(grid, mean - std, mean + std, alpha=0.2)
-        per_seed = {seed: returns[-1] for seed, _, returns in runs}
+        per_seed = {seed: returns[steps <= last_step][-1] for seed, steps, returns in runs}
+        for seed, steps, _ in sorted(runs, key=lambda run: run[0]):
+            if steps.max() > last_step:
+                print(f"{exp_name}: seed {seed} goes on to step {steps.max()}; its final here is at step {last_step}")
         finals[exp_name] = np.mean(list(per_seed.values()))
         seeds_text = ", ".join(f"{seed}: {fmt(value)}" for seed, value in sorted(per_seed.items()))
-        last_step = min(steps.max() for _, steps, _ in runs)
         row = (
             f"| {exp_name} | {len(runs)} | {last_step} | {seeds_text} | "
             f"{fmt(np.mean(list(per_seed.values())))} ± {fmt(seeds_std(list(per_seed.values())))} |"

@@ -52,3 +52,20 @@ def test_an_rlhf_log_without_the_true_reward_run_of_its_seed_is_an_error(tmp_pat
     result = run("--rlhf", tmp_path / "Dot__rlhf__*.log", "--true", tmp_path / "Dot__true__*.log")
     assert result.returncode != 0
     assert "no true-reward log for seed 2" in result.stderr
+
+
+def test_a_resumed_runs_lines_from_its_checkpoint_on_replace_the_stopped_runs(tmp_path):
+    # a run stopped after step 10240 and resumed from its checkpoint at 5120 (`--resume ... >> LOG`): its lines from
+    # 6144 on are written twice; the second ones are the run's
+    steps = np.arange(1024, 10_241, 1024)
+    stopped, resumed = [0.0] * len(steps), [100.0] * 5
+    write_log(tmp_path / "Dot__true__1.log", steps, [80.0] * len(steps), rlhf=False)
+    path = tmp_path / "Dot__rlhf__1.log"
+    write_log(path, steps, stopped, rlhf=True)
+    with path.open("a") as log:
+        log.writelines(f"step {step}, SPS 200, true return 100.0, labels 400/1000\n" for step in steps[5:])
+    result = run("--rlhf", tmp_path / "Dot__rlhf__*.log", "--true", tmp_path / "Dot__true__*.log", "--bin-steps", 100_000)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith(str(path)))
+    expected = np.mean(stopped[:5] + resumed)  # 50: the stopped run's first five lines, then the resumed run's five
+    assert [float(v) for v in re.findall(r"k +(-?[\d.]+)", line)] == [expected], line

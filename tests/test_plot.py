@@ -42,3 +42,20 @@ def test_the_table_gives_the_seeds_sample_std_and_0_for_one_seed(tmp_path):
     assert re.search(r"\| 12\.0 ± 0\.0 \|$", table_row(result.stdout, "bench_rlhf")), result.stdout
     assert "sample std" in result.stdout
     assert (tmp_path / "dot_v0.png").stat().st_size > 10_000  # a drawn figure, not an empty file
+
+
+def test_seeds_that_end_at_different_steps_are_compared_at_the_last_step_all_reached(tmp_path):
+    # seed 2 stopped early (a run under way, or killed): its last line is at step 2000, seed 1 went on to step 4000
+    write_log(tmp_path / "Dot-v0__bench_true__1.log", [10.0, 20.0, 30.0, 50.0])
+    write_log(tmp_path / "Dot-v0__bench_true__2.log", [5.0, 10.0])
+    result = subprocess.run(
+        [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    # the row's step is the last one both seeds reached, and each seed's return is the one at that step
+    expected = f"| bench_true | 2 | 2000 | 1: 20.0, 2: 10.0 | 15.0 ± {np.std([20.0, 10.0], ddof=1):.1f} |"
+    assert table_row(result.stdout, "bench_true") == expected, result.stdout
+    assert "seed 1 goes on to step 4000" in result.stdout, result.stdout
