@@ -1267,12 +1267,12 @@ class HumanTeacher:
             stop.wait(0.5)
 
     # --- the background thread ---
-    def _request(self, method, path, body=None, content_type="application/json", not_found=None):
+    def _request(self, method, path, body=None, content_type="application/json", not_found=None, retry=True):
         """One HTTP call, retried with exponential backoff (1 s to 60 s) while the server is down or answers 5xx;
         a 4xx stops the thread with the server's message (its `failure`: the run stops, saving), but the server's 404
-        for a pair it does not have returns `not_found` where one is given."""
+        for a pair it does not have returns `not_found` where one is given. `retry=False`: one try (None if it fails)."""
         delay, warned = 1.0, False
-        while not self.stop.is_set():
+        while not retry or not self.stop.is_set():
             request = urllib.request.Request(self.server + path, data=body, method=method)
             request.add_header("Content-Type", content_type)
             if self.token:
@@ -1292,6 +1292,9 @@ class HumanTeacher:
                 reason = f"HTTP {error.code}"
             except (urllib.error.URLError, OSError, http.client.HTTPException) as error:  # (a reply cut short too)
                 reason = str(getattr(error, "reason", error))
+            if not retry:
+                print(f"label server at {self.server} unreachable ({reason})")
+                return None
             print(f"label server at {self.server} unreachable ({reason}); retrying in {delay:.0f} s")
             warned = True
             self.stop.wait(delay)
@@ -1377,8 +1380,8 @@ class HumanTeacher:
                     "then --resume"
                 )
 
-    def _fetch_labels(self):
-        reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}")
+    def _fetch_labels(self, retry=True):
+        reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}", retry=retry)
         if reply is None:
             return
         with self.lock:
@@ -1392,15 +1395,21 @@ class HumanTeacher:
         return self
 
     def close(self, run_finished=False):
-        """Stop the thread and save the unanswered pairs; once the run has finished, close its pairs on the server
-        (raters get other runs' pairs)."""
+        """Stop the thread. A stopped run saves the pairs nobody has answered yet (asked again on --resume). A finished
+        run fetches the answers given since the thread's last fetch (poll() hands them over, for the labels it saves)
+        and closes its other pairs on the server (raters get other runs' pairs)."""
         self.stop.set()
         if self.thread.is_alive():  # never started: nothing to wait for
             self.thread.join(timeout=60)
-        self.save()
-        print(f"{self.pending} pairs not yet in the label buffer saved to {self.pending_path} (asked again on --resume)")
-        if run_finished:
-            self._close_experiment()
+        if not run_finished:
+            self.save()
+            print(f"{self.pending} pairs not yet in the label buffer saved to {self.pending_path} (asked again on --resume)")
+            return
+        try:
+            self._fetch_labels(retry=False)
+        except RuntimeError as error:  # the server refused the request (a 4xx)
+            print(f"label server: the answers given since the last fetch were not fetched ({error})")
+        self._close_experiment()
 
     def _close_experiment(self):
         """One try, no retries: if it fails, the pairs are served after those of live runs anyway."""
@@ -1928,8 +1937,11 @@ if __name__ == "__main__":
     if stop_requested.is_set():
         print(f"interrupted at step {global_step}")
     if rlhf:
+        run_finished = completed == args.num_iterations
+        teacher.close(run_finished)  # people's: a finished run fetches the answers given until its end
+        if run_finished:
+            store_answers(teacher, buffer, labels_dir)  # (saved with the labels; no reward model of this run sees them)
         print(f"{buffer.total} labels saved in {labels_dir}/")
-        teacher.close(run_finished=completed == args.num_iterations)
         reward_training.close()  # after the reward thread's step in progress, if any (its error is raised)
     if args.save_model:
         checkpoint_now()

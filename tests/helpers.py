@@ -479,6 +479,29 @@ def assert_a_resumed_teacher_keeps_pairs_and_answers_apart(server, new_teacher, 
         resumed.close()
 
 
+def assert_a_finished_run_keeps_the_answers_given_before_it_ended(server, new_teacher, segments):
+    """Answers people give to a run's last pairs after its thread last fetched answers, before the run ends, are taken
+    when the run finishes (close(run_finished=True): poll() hands them over, for the labels it saves); they were left on
+    the server, and the run said they would be asked again on --resume, which a finished run never does. The pair nobody
+    answered is closed. `new_teacher()` makes the script's HumanTeacher with a poll interval longer than the test."""
+    teacher = new_teacher()
+    teacher.ask(*segments(3))
+    teacher.start()
+
+    def idle_after_posting():  # every pair posted, then the thread's fetch before it waits out its poll interval
+        requests = [line for line in server.log().splitlines() if "POST /api/pairs" in line or "GET /api/labels" in line]
+        return not teacher.queued and requests and "GET /api/labels" in requests[-1]
+
+    wait_for_teacher(teacher, idle_after_posting, time.time() + 120)
+    first, second, unanswered = sorted(teacher.waiting)
+    for pair_id, choice in ((first, "left"), (second, "right")):
+        assert server.call("POST", "/api/labels", {"pair_id": pair_id, "rater": "r", "choice": choice})[0] == 201
+    teacher.close(run_finished=True)
+    received = sorted(mu for _, _, mus in teacher.poll() for mu in mus.tolist())
+    assert received == [0.0, 1.0] and teacher.pending == 1, (received, teacher.pending, server.log())
+    assert server.call("GET", "/api/pairs/next?rater=another")[0] == 204  # the unanswered pair: closed
+
+
 def assert_a_teacher_whose_label_server_lost_its_pairs_stops(label_server, new_teacher, segments):
     """A label server restarted on another database (a fresh one: started from another folder, or its file deleted)
     holds none of the pairs the run posted, so nobody can answer them; before the run had received any label nothing

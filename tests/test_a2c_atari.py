@@ -23,6 +23,7 @@ from helpers import (
     assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
+    assert_a_finished_run_keeps_the_answers_given_before_it_ended,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_new_run_never_writes_into_another_runs_folder,
@@ -802,6 +803,16 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path
         assert sum(len(mu) for _, _, mu in teacher.poll()) == 3 and teacher.pending == 0
     finally:
         teacher.close()
+
+
+def test_a_finished_human_run_keeps_the_answers_given_before_it_ended(tmp_path, label_server):
+    server, rng = label_server(), np.random.default_rng(0)
+    history = noisy_history(rng)
+    assert_a_finished_run_keeps_the_answers_given_before_it_ended(
+        server,
+        lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=3600),
+        segment_pairs(rng, history),
+    )
 
 
 def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):

@@ -24,6 +24,7 @@ from helpers import (
     assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
+    assert_a_finished_run_keeps_the_answers_given_before_it_ended,
     assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_fields_computed_at_run_time_are_not_flags,
     assert_a_new_run_never_writes_into_another_runs_folder,
@@ -696,6 +697,17 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     (tmp_path / "one.webm").write_bytes(resumed._encode(one_step))
     first, last = imageio.mimread(tmp_path / "one.webm")  # the dot, then the dot a pixel down
     assert np.abs(first.astype(int) - last).max() > 100
+
+
+def test_a_finished_human_run_keeps_the_answers_given_before_it_ended(tmp_path, label_server):
+    server, rng = label_server(), np.random.default_rng(0)
+    rollout = coded_rollout(rng)
+    (tmp_path / "exp").mkdir()
+    assert_a_finished_run_keeps_the_answers_given_before_it_ended(
+        server,
+        lambda: dot.HumanTeacher(str(tmp_path / "exp"), server.url, None, "Which?", poll_interval=3600),
+        lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
+    )
 
 
 def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
