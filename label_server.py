@@ -233,8 +233,17 @@ class LabelStore:
                 "SELECT experiment, left_clip, right_clip, golden FROM pairs WHERE pair_id = ?", (pair["pair_id"],)
             ).fetchone()
             if row is not None:
-                if tuple(row) != (pair["experiment"], pair["left_clip"], pair["right_clip"], pair["golden"]):
-                    raise ApiError(HTTPStatus.CONFLICT, f"pair {pair['pair_id']} exists with other clips or answer")
+                differs = [
+                    f"another {what} ({had}, not {given})"
+                    for what, had, given in zip(
+                        ("experiment", "left clip", "right clip", "golden answer"),
+                        row,
+                        (pair["experiment"], pair["left_clip"], pair["right_clip"], pair["golden"]),
+                    )
+                    if had != given
+                ]
+                if differs:
+                    raise ApiError(HTTPStatus.CONFLICT, f"pair {pair['pair_id']} exists with {', '.join(differs)}")
                 return False
             self.db.execute(
                 "INSERT INTO pairs (pair_id, experiment, left_clip, right_clip, instruction, metadata, golden, created) "

@@ -147,7 +147,11 @@ def test_posting_and_answering_twice_is_harmless(label_server):
     status, body = server.call(
         "POST", "/api/pairs", {"experiment": "exp", "pair_id": "p1", "left_clip": "p1-r", "right_clip": "p1-l"}
     )
-    assert status == 409 and "p1" in body["error"]
+    assert status == 409 and "another left clip (p1-l, not p1-r)" in body["error"], body
+    # the same clips under another experiment: the message says what differs
+    pair = {"experiment": "exp2", "pair_id": "p1", "left_clip": "p1-l", "right_clip": "p1-r"}
+    status, body = server.call("POST", "/api/pairs", pair)
+    assert status == 409 and "another experiment (exp, not exp2)" in body["error"] and "clip" not in body["error"], body
 
     assert answer(server, "p1", "ann", "left")[0] == 201
     status, body = answer(server, "p1", "ann", "right")  # a second answer by the same rater: the first one stays
