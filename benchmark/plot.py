@@ -6,7 +6,7 @@ can be rebuilt without the TensorBoard folders. The spread over seeds, in the ta
 seeds' sample std (ddof=1, as in sweep.py's report; 0 where a single seed has a value).
 
 Usage (from the repository root): python benchmark/plot.py --env Hopper-v4 [--logs benchmark/logs] [--out benchmark]
-  [--runs NAME,NAME] (only these exp_names) [--max-steps N] (compare every run up to the same step)
+  [--runs NAME,NAME] (only these exp_names, whatever --prefix) [--max-steps N] (compare every run up to the same step)
   [--reference R --reference-label TEXT] (a horizontal line, e.g. a random policy's score) [--bins N] (also a table of
   each run's mean return in every N steps)
 """
@@ -68,8 +68,8 @@ def main():
     parser.add_argument("--env", default="Hopper-v4")
     parser.add_argument("--logs", default="benchmark/logs")
     parser.add_argument("--out", default="benchmark")
-    parser.add_argument("--prefix", default="bench_", help="only runs whose exp_name starts with this")
-    parser.add_argument("--runs", default=None, help="only these exp_names, comma-separated")
+    parser.add_argument("--prefix", default="bench_", help="only runs whose exp_name starts with this (without --runs)")
+    parser.add_argument("--runs", default=None, help="only these exp_names, comma-separated (whatever their prefix)")
     parser.add_argument("--name", default=None, help="output file stem (default: the env id)")
     parser.add_argument("--max-steps", type=int, default=None, help="drop progress lines after this step in every run")
     parser.add_argument("--reference", type=float, default=None, help="draw a horizontal line at this return")
@@ -79,7 +79,8 @@ def main():
 
     groups = collections.defaultdict(list)  # exp_name -> [(seed, steps, returns)]
     walls = collections.defaultdict(dict)  # exp_name -> {seed: wall seconds}
-    for log_path in sorted(glob.glob(f"{args.logs}/{args.env}__{args.prefix}*.log")):
+    prefix = "" if args.runs else args.prefix  # runs named one by one are read whatever their prefix
+    for log_path in sorted(glob.glob(f"{args.logs}/{args.env}__{prefix}*.log")):
         _, exp_name, seed = os.path.basename(log_path)[: -len(".log")].split("__")
         if args.runs and exp_name not in args.runs.split(","):
             continue
@@ -91,7 +92,8 @@ def main():
             groups[exp_name].append((int(seed), steps, returns))
             walls[exp_name][int(seed)] = wall_s
     if not groups:
-        raise SystemExit(f"error: no logs matching {args.logs}/{args.env}__{args.prefix}*.log")
+        wanted = f" of the runs {args.runs}" if args.runs else ""
+        raise SystemExit(f"error: no logs matching {args.logs}/{args.env}__{prefix}*.log{wanted}")
 
     horizon = max(steps.max() for runs in groups.values() for _, steps, _ in runs)
     grid = np.linspace(0, horizon, 101)

@@ -59,3 +59,16 @@ def test_seeds_that_end_at_different_steps_are_compared_at_the_last_step_all_rea
     expected = f"| bench_true | 2 | 2000 | 1: 20.0, 2: 10.0 | 15.0 ± {np.std([20.0, 10.0], ddof=1):.1f} |"
     assert table_row(result.stdout, "bench_true") == expected, result.stdout
     assert "seed 1 goes on to step 4000" in result.stdout, result.stdout
+
+
+def test_runs_named_with_runs_are_read_whatever_their_prefix(tmp_path):
+    write_log(tmp_path / "Dot-v0__full__1.log", [1.0, 2.0])
+    write_log(tmp_path / "Dot-v0__bench_true__1.log", [3.0, 4.0])
+    result = subprocess.run(
+        [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path, "--runs", "full,bench_true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert table_row(result.stdout, "full").endswith("| 2.0 ± 0.0 |") and table_row(result.stdout, "bench_true")
