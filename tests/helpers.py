@@ -890,3 +890,10 @@ LABEL_SERVER_RESTART_CHECKS = [
     assert_a_pair_posted_to_another_database_stops_the_teacher_once_the_right_one_is_back,
     assert_a_reply_cut_short_is_retried,
 ]
+
+# a run's stop and its end: what each script's human teacher keeps (each takes server, new_teacher(), segments), with the
+# teacher's poll interval (the end's check needs one longer than the test: answers come after the thread's last fetch)
+TEACHER_STOP_AND_END_CHECKS = [
+    pytest.param(assert_a_resumed_teacher_keeps_pairs_and_answers_apart, 0.2, id="resumed"),
+    pytest.param(assert_a_finished_run_keeps_the_answers_given_before_it_ended, 3600, id="finished"),
+]

@@ -18,13 +18,12 @@ import rlhf_a2c_atari as atari
 import torch
 from helpers import (
     LABEL_SERVER_RESTART_CHECKS,
+    TEACHER_STOP_AND_END_CHECKS,
     assert_only_a_second_ctrl_c_stops_at_once,
     assert_the_fields_computed_at_run_time_are_not_flags,
     assert_the_pairs_kept_are_the_most_disagreed_on,
     assert_a_resumed_run_is_not_refused_its_own_settings,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
-    assert_a_finished_run_keeps_the_answers_given_before_it_ended,
-    assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
@@ -805,22 +804,15 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path
         teacher.close()
 
 
-def test_a_finished_human_run_keeps_the_answers_given_before_it_ended(tmp_path, label_server):
+@pytest.mark.parametrize("assert_it, poll_interval", TEACHER_STOP_AND_END_CHECKS)
+def test_a_human_teacher_keeps_its_pairs_and_answers_at_a_stop_and_at_the_end(
+    tmp_path, label_server, assert_it, poll_interval
+):
     server, rng = label_server(), np.random.default_rng(0)
     history = noisy_history(rng)
-    assert_a_finished_run_keeps_the_answers_given_before_it_ended(
+    assert_it(
         server,
-        lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=3600),
-        segment_pairs(rng, history),
-    )
-
-
-def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
-    server, rng = label_server(), np.random.default_rng(0)
-    history = noisy_history(rng)
-    assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
-        server,
-        lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=0.2),
+        lambda: atari.HumanTeacher(server.url, None, "exp", "Which?", tmp_path, clip_scale=1, poll_interval=poll_interval),
         segment_pairs(rng, history),
     )
 

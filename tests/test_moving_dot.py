@@ -17,6 +17,7 @@ import torch
 import tyro
 from helpers import (
     LABEL_SERVER_RESTART_CHECKS,
+    TEACHER_STOP_AND_END_CHECKS,
     assert_only_a_second_ctrl_c_stops_at_once,
     start_trainer,
     assert_the_pairs_kept_are_the_most_disagreed_on,
@@ -24,8 +25,6 @@ from helpers import (
     assert_a_run_killed_after_pretraining_resumes_pretrained,
     assert_a_kill_after_a_checkpoint_loses_no_label,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
-    assert_a_finished_run_keeps_the_answers_given_before_it_ended,
-    assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_the_fields_computed_at_run_time_are_not_flags,
     assert_a_new_run_never_writes_into_another_runs_folder,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
@@ -699,24 +698,16 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     assert np.abs(first.astype(int) - last).max() > 100
 
 
-def test_a_finished_human_run_keeps_the_answers_given_before_it_ended(tmp_path, label_server):
+@pytest.mark.parametrize("assert_it, poll_interval", TEACHER_STOP_AND_END_CHECKS)
+def test_a_human_teacher_keeps_its_pairs_and_answers_at_a_stop_and_at_the_end(
+    tmp_path, label_server, assert_it, poll_interval
+):
     server, rng = label_server(), np.random.default_rng(0)
     rollout = coded_rollout(rng)
     (tmp_path / "exp").mkdir()
-    assert_a_finished_run_keeps_the_answers_given_before_it_ended(
+    assert_it(
         server,
-        lambda: dot.HumanTeacher(str(tmp_path / "exp"), server.url, None, "Which?", poll_interval=3600),
-        lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
-    )
-
-
-def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
-    server, rng = label_server(), np.random.default_rng(0)
-    rollout = coded_rollout(rng)
-    (tmp_path / "exp").mkdir()
-    assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
-        server,
-        lambda: dot.HumanTeacher(str(tmp_path / "exp"), server.url, None, "Which?", poll_interval=0.2),
+        lambda: dot.HumanTeacher(str(tmp_path / "exp"), server.url, None, "Which?", poll_interval=poll_interval),
         lambda n: (dot.sample_segments(rng, rollout, 6, n), dot.sample_segments(rng, rollout, 6, n)),
     )
 

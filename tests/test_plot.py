@@ -18,6 +18,12 @@ def write_log(path, returns):
     path.write_text("\n".join(lines) + "\n")
 
 
+def run_plot(tmp_path, *extra):
+    """benchmark/plot.py on the logs in tmp_path, its figure written there."""
+    command = [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path, *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
 def table_row(stdout, exp_name):
     return next(line for line in stdout.splitlines() if line.startswith(f"| {exp_name} |"))
 
@@ -27,12 +33,7 @@ def test_the_table_gives_the_seeds_sample_std_and_0_for_one_seed(tmp_path):
     for seed, final in finals.items():
         write_log(tmp_path / f"Dot-v0__bench_true__{seed}.log", [5.0, final / 2, final])
     write_log(tmp_path / "Dot-v0__bench_rlhf__1.log", [4.0, 8.0, 12.0])  # one seed: no spread to show
-    result = subprocess.run(
-        [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_plot(tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr, result.stderr
 
@@ -48,12 +49,7 @@ def test_seeds_that_end_at_different_steps_are_compared_at_the_last_step_all_rea
     # seed 2 stopped early (a run under way, or killed): its last line is at step 2000, seed 1 went on to step 4000
     write_log(tmp_path / "Dot-v0__bench_true__1.log", [10.0, 20.0, 30.0, 50.0])
     write_log(tmp_path / "Dot-v0__bench_true__2.log", [5.0, 10.0])
-    result = subprocess.run(
-        [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_plot(tmp_path)
     assert result.returncode == 0, result.stderr
     # the row's step is the last one both seeds reached, and each seed's return is the one at that step
     expected = f"| bench_true | 2 | 2000 | 1: 20.0, 2: 10.0 | 15.0 ± {np.std([20.0, 10.0], ddof=1):.1f} |"
@@ -64,11 +60,6 @@ def test_seeds_that_end_at_different_steps_are_compared_at_the_last_step_all_rea
 def test_runs_named_with_runs_are_read_whatever_their_prefix(tmp_path):
     write_log(tmp_path / "Dot-v0__full__1.log", [1.0, 2.0])
     write_log(tmp_path / "Dot-v0__bench_true__1.log", [3.0, 4.0])
-    result = subprocess.run(
-        [sys.executable, str(PLOT), "--env", "Dot-v0", "--logs", tmp_path, "--out", tmp_path, "--runs", "full,bench_true"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_plot(tmp_path, "--runs", "full,bench_true")
     assert result.returncode == 0, result.stderr
     assert table_row(result.stdout, "full").endswith("| 2.0 ± 0.0 |") and table_row(result.stdout, "bench_true")

@@ -11,12 +11,11 @@ import rlhf_ppo_mujoco as rl
 import torch
 from helpers import (
     LABEL_SERVER_RESTART_CHECKS,
+    TEACHER_STOP_AND_END_CHECKS,
     assert_clear_error,
     assert_a_kill_between_the_labels_and_the_pending_pairs_adds_no_answer_twice,
     assert_a_run_stopped_in_the_label_wait_resumes_where_it_stopped,
     assert_a_run_the_label_server_refuses_saves_and_says_so,
-    assert_a_finished_run_keeps_the_answers_given_before_it_ended,
-    assert_a_resumed_teacher_keeps_pairs_and_answers_apart,
     assert_a_run_folder_given_as_a_dot_keeps_its_name,
     assert_a_run_folder_name_the_server_cannot_take_stops_the_run_at_once,
     assert_processes_of_a_run_never_share_a_pair_id,
@@ -147,28 +146,21 @@ def test_unanswered_pairs_are_saved_and_asked_again(tmp_path):
             np.testing.assert_array_equal(resumed.waiting[pair_id][0][key], left[key][i])
             np.testing.assert_array_equal(resumed.waiting[pair_id][1][key], right[key][i])
     resumed.ask(segments(1), segments(1))
-    assert resumed.queued[-1].endswith("-000003")  # the index goes on (new ids: test_a_resumed_human_teacher_...)
+    assert resumed.queued[-1].endswith(
+        "-000003"
+    )  # the index goes on (new ids: test_a_human_teacher_keeps_its_pairs_...[resumed])
 
 
-def test_a_finished_human_run_keeps_the_answers_given_before_it_ended(tmp_path, label_server):
+@pytest.mark.parametrize("assert_it, poll_interval", TEACHER_STOP_AND_END_CHECKS)
+def test_a_human_teacher_keeps_its_pairs_and_answers_at_a_stop_and_at_the_end(
+    tmp_path, label_server, assert_it, poll_interval
+):
     server, rng = label_server(), np.random.default_rng(0)
     (tmp_path / "exp").mkdir()
-    assert_a_finished_run_keeps_the_answers_given_before_it_ended(
+    assert_it(
         server,
         lambda: rl.HumanTeacher(
-            str(tmp_path / "exp"), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=3600
-        ),
-        lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
-    )
-
-
-def test_a_resumed_human_teacher_keeps_pairs_and_answers_apart(tmp_path, label_server):
-    server, rng = label_server(), np.random.default_rng(0)
-    (tmp_path / "exp").mkdir()
-    assert_a_resumed_teacher_keeps_pairs_and_answers_apart(
-        server,
-        lambda: rl.HumanTeacher(
-            str(tmp_path / "exp"), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=0.2
+            str(tmp_path / "exp"), "Hopper-v4", server.url, None, "Which?", clip_size=48, poll_interval=poll_interval
         ),
         lambda n: (hopper_segments(rng, n), hopper_segments(rng, n)),
     )
