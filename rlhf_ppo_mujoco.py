@@ -1556,7 +1556,7 @@ class HumanTeacher:
             return
         try:
             self._fetch_labels(retry=False)
-        except RuntimeError as error:  # the server refused the request (a 4xx)
+        except (RuntimeError, ValueError, KeyError) as error:  # refused (a 4xx), or a reply that is not the server's
             print(f"label server: the answers given since the last fetch were not fetched ({error})")
         self._close_experiment()
 

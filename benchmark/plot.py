@@ -116,16 +116,18 @@ def main():
             mean, std = np.nanmean(curves, 0), seeds_std(curves)
         plt.plot(grid, mean, label=f"{exp_name} ({len(runs)} seeds)")
         plt.fill_between(grid, mean - std, mean + std, alpha=0.2)
-        per_seed = {seed: returns[steps <= last_step][-1] for seed, steps, returns in runs}
-        for seed, steps, _ in sorted(runs, key=lambda run: run[0]):
-            if steps.max() > last_step:
+        per_seed = {}
+        for seed, steps, returns in sorted(runs, key=lambda run: run[0]):
+            reached = returns[steps <= last_step]
+            per_seed[seed] = reached[-1] if len(reached) else np.nan
+            if not len(reached):  # its first episode ended later (long episodes): left out of the final
+                print(f"{exp_name}: seed {seed} has no true return by step {last_step}; left out of the final")
+            elif steps.max() > last_step:
                 print(f"{exp_name}: seed {seed} goes on to step {steps.max()}; its final here is at step {last_step}")
-        finals[exp_name] = np.mean(list(per_seed.values()))
-        seeds_text = ", ".join(f"{seed}: {fmt(value)}" for seed, value in sorted(per_seed.items()))
-        row = (
-            f"| {exp_name} | {len(runs)} | {last_step} | {seeds_text} | "
-            f"{fmt(np.mean(list(per_seed.values())))} ± {fmt(seeds_std(list(per_seed.values())))} |"
-        )
+        values = [value for value in per_seed.values() if not np.isnan(value)]
+        finals[exp_name] = np.mean(values)
+        seeds_text = ", ".join(f"{seed}: {'-' if np.isnan(v) else fmt(v)}" for seed, v in per_seed.items())
+        row = f"| {exp_name} | {len(runs)} | {last_step} | {seeds_text} | {fmt(np.mean(values))} ± {fmt(seeds_std(values))} |"
         if timed:
             wall = walls[exp_name]
             row += f" {', '.join(f'{seed}: {w:.0f}' for seed, w in sorted(wall.items()))} | {np.median(list(wall.values())):.0f} |"

@@ -63,3 +63,15 @@ def test_runs_named_with_runs_are_read_whatever_their_prefix(tmp_path):
     result = run_plot(tmp_path, "--runs", "full,bench_true")
     assert result.returncode == 0, result.stderr
     assert table_row(result.stdout, "full").endswith("| 2.0 ± 0.0 |") and table_row(result.stdout, "bench_true")
+
+
+def test_a_seed_without_a_true_return_by_the_common_step_is_left_out_of_the_final(tmp_path):
+    # seed 2 is under way: its first episode ended by step 1000, seed 1's only by step 2000 (long episodes)
+    (tmp_path / "Dot-v0__bench_true__1.log").write_text(
+        "step 1000, SPS 100\n" + "".join(f"step {s}, SPS 100, true return {s / 100:.1f}\n" for s in (2000, 3000))
+    )
+    write_log(tmp_path / "Dot-v0__bench_true__2.log", [7.0])
+    result = run_plot(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert table_row(result.stdout, "bench_true") == "| bench_true | 2 | 1000 | 1: -, 2: 7.0 | 7.0 ± 0.0 |", result.stdout
+    assert "seed 1 has no true return by step 1000" in result.stdout, result.stdout
