@@ -1,6 +1,8 @@
 """A moving-dot human run with a scripted rater answering every pair at once: the labels the run saved against the
 labels the server made for its experiment (README, "Human feedback": a finished run keeps the answers given until its
-end). Usage: python benchmark/notes/finished_run_answers.py CLONE (a clone of the repository: its runs/ is replaced).
+end). Usage: python benchmark/notes/finished_run_answers.py CLONE [UNDO_SECONDS] (a clone of the repository: its runs/
+is replaced; the server's --undo-seconds, 0 by default here). The server's labels are counted UNDO_SECONDS + 1 s after
+the run's end: answers of its last UNDO_SECONDS were not labels yet when it ended (README: not kept).
 """
 
 import glob
@@ -20,12 +22,13 @@ import numpy as np
 
 def main():
     os.chdir(sys.argv[1])
+    undo_seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     shutil.rmtree("runs", ignore_errors=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     database = os.path.join(tempfile.mkdtemp(), "labels.sqlite")
-    command = [sys.executable, "label_server.py", "--port", str(port), "--db", database, "--undo-seconds", "0"]
+    command = [sys.executable, "label_server.py", "--port", str(port), "--db", database, "--undo-seconds", str(undo_seconds)]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     server.stdout.readline()  # "label server on ..."
     url = f"http://127.0.0.1:{port}"
@@ -57,10 +60,15 @@ def main():
     output = subprocess.run([sys.executable, "rlhf_moving_dot.py", *run_args], capture_output=True, text=True).stdout
     stop.set()
     run_dir = glob.glob("runs/*answers*")[0]
-    saved = len(np.load(f"{run_dir}/labels.npz")["mu"])
-    made = len(call("GET", f"/api/labels?experiment={os.path.basename(run_dir)}&since=0")[1]["labels"])
-    print("\n".join(line for line in output.splitlines() if "labels saved" in line or "pairs" in line))
-    print(f"labels the run saved: {saved}; labels the server made for its experiment: {made}")
+
+    def count(output):
+        saved = len(np.load(f"{run_dir}/labels.npz")["mu"])
+        time.sleep(undo_seconds + 1)  # every answer given is a label by now
+        made = len(call("GET", f"/api/labels?experiment={os.path.basename(run_dir)}&since=0")[1]["labels"])
+        print("\n".join(line for line in output.splitlines() if "labels saved" in line or "pairs" in line))
+        print(f"labels the run saved: {saved}; labels the server made for its experiment: {made}")
+
+    count(output)
     server.terminate()
 
 
