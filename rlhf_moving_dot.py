@@ -1470,14 +1470,16 @@ class HumanTeacher:
                 )
 
     def _fetch_labels(self, retry=True):
+        """The server's new labels of this run's pairs, for poll(); whether the server replied."""
         reply = self._request("GET", f"/api/labels?experiment={self.experiment}&since={self.received_seq}", retry=retry)
         if reply is None:
-            return
+            return False
         with self.lock:
             for label in reply["labels"]:
                 if label["pair_id"] in self.waiting:  # an answer to a pair of this run that is not in the buffer yet
                     self.answered.append((label["pair_id"], MU_OF_CHOICE.get(label["choice"]), label["seq"]))
                 self.received_seq = max(self.received_seq, label["seq"])
+        return True
 
     def start(self):
         self.thread.start()
@@ -1494,10 +1496,33 @@ class HumanTeacher:
             print(f"{self.pending} pairs not yet in the label buffer saved to {self.path} (asked again on --resume)")
             return
         try:
-            self._fetch_labels(retry=False)
+            if self._fetch_labels(retry=False):
+                self._wait_for_held_back_labels()
         except (RuntimeError, ValueError, KeyError) as error:  # refused (a 4xx), or a reply that is not the server's
             print(f"label server: the answers given since the last fetch were not fetched ({error})")
         self._close_experiment()
+
+    def _wait_for_held_back_labels(self, longest=60.0):
+        """A finished run's pairs that have a label on the server it was not sent: the server holds each label back for
+        its --undo-seconds (the rater may take the answer back). Waited for, up to `longest` seconds."""
+        with self.lock:
+            fetched = {pair_id for pair_id, _, _ in self.answered}
+            unfetched = [pair_id for pair_id in self.waiting if pair_id not in fetched]
+        held_back = []
+        for pair_id in unfetched:
+            pair = self._request("GET", f"/api/pairs/{pair_id}", retry=False, not_found=MISSING)  # (MISSING: never posted)
+            if isinstance(pair, dict) and pair["label"] is not None:
+                held_back.append(pair_id)
+        if held_back:
+            print(f"label server: waiting for {len(held_back)} labels it holds back while their answers can be taken back")
+        deadline = time.time() + longest
+        while held_back and time.time() < deadline:
+            time.sleep(0.5)
+            if not self._fetch_labels(retry=False):
+                return
+            with self.lock:
+                fetched = {pair_id for pair_id, _, _ in self.answered}
+            held_back = [pair_id for pair_id in held_back if pair_id not in fetched]
 
     def _close_experiment(self):
         """One try, no retries: if it fails, the pairs are served after those of live runs anyway."""

@@ -893,7 +893,11 @@ LABEL_SERVER_RESTART_CHECKS = [
 
 # a run's stop and its end: what each script's human teacher keeps (each takes server, new_teacher(), segments), with the
 # teacher's poll interval (the end's check needs one longer than the test: answers come after the thread's last fetch)
+# and the label server's flags (it holds each label back for --undo-seconds, 0 unless given: a rater may take it back)
 TEACHER_STOP_AND_END_CHECKS = [
-    pytest.param(assert_a_resumed_teacher_keeps_pairs_and_answers_apart, 0.2, id="resumed"),
-    pytest.param(assert_a_finished_run_keeps_the_answers_given_before_it_ended, 3600, id="finished"),
+    pytest.param(assert_a_resumed_teacher_keeps_pairs_and_answers_apart, 0.2, (), id="resumed"),
+    pytest.param(assert_a_finished_run_keeps_the_answers_given_before_it_ended, 3600, (), id="finished"),
+    pytest.param(
+        assert_a_finished_run_keeps_the_answers_given_before_it_ended, 3600, ("--undo-seconds", "2"), id="finished_undo"
+    ),
 ]

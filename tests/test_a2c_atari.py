@@ -804,11 +804,11 @@ def test_answers_fetched_but_not_yet_polled_still_count_as_on_their_way(tmp_path
         teacher.close()
 
 
-@pytest.mark.parametrize("assert_it, poll_interval", TEACHER_STOP_AND_END_CHECKS)
+@pytest.mark.parametrize("assert_it, poll_interval, server_args", TEACHER_STOP_AND_END_CHECKS)
 def test_a_human_teacher_keeps_its_pairs_and_answers_at_a_stop_and_at_the_end(
-    tmp_path, label_server, assert_it, poll_interval
+    tmp_path, label_server, assert_it, poll_interval, server_args
 ):
-    server, rng = label_server(), np.random.default_rng(0)
+    server, rng = label_server(*server_args), np.random.default_rng(0)
     history = noisy_history(rng)
     assert_it(
         server,

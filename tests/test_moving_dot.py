@@ -698,11 +698,11 @@ def test_unanswered_human_pairs_are_saved_and_asked_again(tmp_path):
     assert np.abs(first.astype(int) - last).max() > 100
 
 
-@pytest.mark.parametrize("assert_it, poll_interval", TEACHER_STOP_AND_END_CHECKS)
+@pytest.mark.parametrize("assert_it, poll_interval, server_args", TEACHER_STOP_AND_END_CHECKS)
 def test_a_human_teacher_keeps_its_pairs_and_answers_at_a_stop_and_at_the_end(
-    tmp_path, label_server, assert_it, poll_interval
+    tmp_path, label_server, assert_it, poll_interval, server_args
 ):
-    server, rng = label_server(), np.random.default_rng(0)
+    server, rng = label_server(*server_args), np.random.default_rng(0)
     rollout = coded_rollout(rng)
     (tmp_path / "exp").mkdir()
     assert_it(

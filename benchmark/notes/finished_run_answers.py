@@ -2,7 +2,7 @@
 labels the server made for its experiment (README, "Human feedback": a finished run keeps the answers given until its
 end). Usage: python benchmark/notes/finished_run_answers.py CLONE [UNDO_SECONDS] (a clone of the repository: its runs/
 is replaced; the server's --undo-seconds, 0 by default here). The server's labels are counted UNDO_SECONDS + 1 s after
-the run's end: answers of its last UNDO_SECONDS were not labels yet when it ended (README: not kept).
+the run's end (a run waits for the labels the server holds back for UNDO_SECONDS; before 2026-12-04 it did not).
 """
 
 import glob
