@@ -488,9 +488,9 @@ def assert_a_finished_run_keeps_the_answers_given_before_it_ended(server, new_te
     teacher.ask(*segments(3))
     teacher.start()
 
-    def idle_after_posting():  # every pair posted, then the thread's fetch before it waits out its poll interval
-        requests = [line for line in server.log().splitlines() if "POST /api/pairs" in line or "GET /api/labels" in line]
-        return not teacher.queued and requests and "GET /api/labels" in requests[-1]
+    def idle_after_posting():  # every pair posted, then the thread's second fetch (the first follows the first post),
+        # before it waits out its poll interval (counted: the server may log that fetch before the last post's line)
+        return not teacher.queued and server.log().count("GET /api/labels") >= 2
 
     wait_for_teacher(teacher, idle_after_posting, time.time() + 120)
     first, second, unanswered = sorted(teacher.waiting)
