@@ -148,6 +148,11 @@ class Args:
     model: 0.5), rounded to a multiple of 1/256 (at most 255/256); its predictions use none"""
     reward_input_norm: bool = True
     """standardise the reward model's inputs by the pretraining labels' observations (C17 does not say; rl-teacher feeds them raw)"""
+    reward_potential: bool = False
+    """each reward-model member also learns a potential of the observation, and a segment's predicted return adds
+    its change from the segment's first step to its last real one (AIRL's shaping term): a posture shift that a
+    clip's true return pays (Swimmer's front body moves as the body bends) can be explained by the potential, which
+    PPO is not paid; PPO gets the step reward only (off: C17's r(o, a) alone; README's flag table)"""
     reward_batch_size: int = 64
     """preference pairs per reward-model gradient step"""
     reward_updates: int = 16
@@ -581,18 +586,19 @@ class RewardEnsemble(nn.Module):
 
     Each member also learns one scalar: the reward of the absorbing state an episode enters when it terminates (a fall),
     so the learned reward, like the true one of C17's fixed-length episodes, decides whether falling is good or bad.
+    With `potential` (--reward-potential) each member has a second MLP of the same shape, a potential of the
+    observation alone, which only segment returns use (potential_change).
     """
 
-    def __init__(self, obs_dim, act_dim, size=3, hidden=64, dropout=0.0):
+    def __init__(self, obs_dim, act_dim, size=3, hidden=64, dropout=0.0, potential=False):
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation, per member
-            self.weights.append(nn.Parameter(torch.empty(size, fan_in, fan_out).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(size, 1, fan_out).uniform_(-bound, bound)))
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        self._add_layers(self.weights, self.biases, [obs_dim + act_dim, hidden, hidden, 1], size)
         self.absorbing_reward = nn.Parameter(torch.zeros(size))
+        self.has_potential = potential
+        self.potential_weights, self.potential_biases = nn.ParameterList(), nn.ParameterList()
+        if potential:
+            self._add_layers(self.potential_weights, self.potential_biases, [obs_dim, hidden, hidden, 1], size)
         # the observations standardised (fit_input_normalization; until then as they are): velocities of size 10 would
         # otherwise drown entries of size 0.1 that carry the reward (Reacher's distance to the target)
         self.register_buffer("input_mean", torch.zeros(obs_dim))
@@ -608,15 +614,31 @@ class RewardEnsemble(nn.Module):
         self.dropout_generator = None  # None: the global one
         self.eval()  # predicting: training mode is for the gradient steps only
 
+    @staticmethod
+    def _add_layers(weights, biases, sizes, members):
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation, per member
+            weights.append(nn.Parameter(torch.empty(members, fan_in, fan_out).uniform_(-bound, bound)))
+            biases.append(nn.Parameter(torch.empty(members, 1, fan_out).uniform_(-bound, bound)))
+
     def forward(self, obs, act):
         """Raw reward of each member: (..., obs_dim), (..., act_dim) -> (size, ...)."""
-        obs = ((obs - self.input_mean) / self.input_std).clamp(-self.input_clip, self.input_clip)
-        x = torch.cat([obs, act], -1)
+        return self._members(torch.cat([self._standardize(obs), act], -1), self.weights, self.biases)
+
+    def potential(self, obs):
+        """--reward-potential: each member's potential of observations (..., obs_dim) -> (size, ...)."""
+        return self._members(self._standardize(obs), self.potential_weights, self.potential_biases)
+
+    def _standardize(self, obs):
+        return ((obs - self.input_mean) / self.input_std).clamp(-self.input_clip, self.input_clip)
+
+    def _members(self, x, weights, biases):
+        """Every member's MLP (its `weights` and `biases`) on inputs (..., n) -> (size, ...)."""
         lead = x.shape[:-1]
         x = x.reshape(1, -1, x.shape[-1]).expand(self.size, -1, -1)
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        for i, (w, b) in enumerate(zip(weights, biases)):
             x = torch.baddbmm(b, x, w)
-            if i < len(self.weights) - 1:
+            if i < len(weights) - 1:
                 x = nn.functional.leaky_relu(x, 0.01)
                 if self.training and self.dropout > 0:
                     x = x * self.dropout_mask(x)
@@ -633,9 +655,23 @@ class RewardEnsemble(nn.Module):
         kept = draws.view(torch.uint8)[:n].view(x.shape) >= dropped
         return kept.to(x.dtype) * (256 / (256 - dropped))
 
-    def segment_returns(self, segments):
-        """Undiscounted predicted return of each segment for each member: (size, ...)."""
-        return self.sum_segments(self(segments["obs"], segments["act"]), segments["mask"])
+    def segment_returns(self, segments, step_rewards=None):
+        """Undiscounted predicted return of each segment for each member, (size, ...), from its steps' raw rewards
+        (computed here unless given); with --reward-potential, plus the potential's change over the segment."""
+        if step_rewards is None:
+            step_rewards = self(segments["obs"], segments["act"])
+        returns = self.sum_segments(step_rewards, segments["mask"])
+        if self.has_potential:
+            returns = returns + self.potential_change(segments["obs"], segments["mask"])
+        return returns
+
+    def potential_change(self, obs, mask):
+        """Each member's potential at each segment's last real step less at its first: obs (..., L, obs_dim) and mask
+        (..., L) -> (size, ...). Summed over a segment, a shaping term f(o') - f(o) telescopes to this; the segment's
+        last step has no next observation here, so the change stops at the last step's own observation."""
+        last = (mask.sum(-1).long() - 1).clamp(min=0)
+        last_obs = torch.gather(obs, -2, last[..., None, None].expand(*last.shape, 1, obs.shape[-1])).squeeze(-2)
+        return self.potential(last_obs) - self.potential(obs[..., 0, :])
 
     def sum_segments(self, rewards, mask):
         """Sum step rewards (size, ..., L) over segments; absorbing steps (mask 0) earn the absorbing-state reward."""
@@ -644,7 +680,7 @@ class RewardEnsemble(nn.Module):
 
     def l2_penalty(self):
         """Sum of squared weights of each member: (size,)."""
-        return sum((w**2).sum((1, 2)) for w in self.weights)
+        return sum((w**2).sum((1, 2)) for w in [*self.weights, *self.potential_weights])
 
     @torch.no_grad()
     def fit_input_normalization(self, obs):
@@ -1033,7 +1069,7 @@ def validate_reward_model(ensemble, step_rewards, labels, label_noise):
     """Each member's training loss (weighted by its bootstrap weights: the loss it was trained on) and validation loss
     (on the labels its bootstrap left out), and the share of held-out strict preferences each member orders correctly
     (averaged over members). Changes nothing."""
-    returns = ensemble.sum_segments(step_rewards, labels["mask"])  # (members, labels, 2)
+    returns = ensemble.segment_returns(labels, step_rewards)  # (members, labels, 2)
     losses = preference_loss(returns[..., 0], returns[..., 1], labels["mu"], label_noise)
     is_val = labels["is_val"].T.float()
     weight = labels["weight"].T
@@ -1987,7 +2023,9 @@ if __name__ == "__main__":
     labels_path = f"{run_dir}/labels.npz"
     ensemble = reward_training = buffer = teacher = None
     if rlhf:
-        ensemble = RewardEnsemble(obs_dim, act_dim, args.ensemble_size, dropout=args.reward_dropout)
+        ensemble = RewardEnsemble(
+            obs_dim, act_dim, args.ensemble_size, dropout=args.reward_dropout, potential=args.reward_potential
+        )
         reward_training = RewardModelTraining(ensemble, args.reward_lr, args.seed)
         buffer = LabelBuffer(args.labels, args.segment_len, obs_dim, act_dim, args.ensemble_size, rng)
         teacher = make_teacher(args, run_dir, rng, env_kwargs)

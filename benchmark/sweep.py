@@ -92,8 +92,8 @@ TRUE_REWARD_RUNS_IGNORE = {
     "rlhf_ppo_mujoco.py": (
         "labels", "segment_len", "pretrain_fraction", "pretrain_steps", "pretrain_epochs", "schedule_horizon",
         "selection", "candidate_multiplier", "pair_pool_rollouts", "ensemble_size", "reward_lr", "reward_dropout",
-        "reward_input_norm", "reward_batch_size", "reward_updates", "reward_eval_every", "reward_std",
-        "anchor_absorbing", "label_noise", "teacher_beta", "teacher_gamma", "teacher_epsilon",
+        "reward_input_norm", "reward_potential", "reward_batch_size", "reward_updates", "reward_eval_every",
+        "reward_std", "anchor_absorbing", "label_noise", "teacher_beta", "teacher_gamma", "teacher_epsilon",
         "teacher_skip_threshold", "teacher_equal_margin",
     ),
     "rlhf_moving_dot.py": (

@@ -75,14 +75,23 @@ def make_rollout(rng, steps, envs, obs_dim=3, act_dim=1, p_terminated=0.0, p_tru
     }
 
 
-def member_reward(ensemble, k, obs, act):
-    """Member k's per-step reward, computed layer by layer from its own slice of the batched parameters."""
-    x = torch.cat([torch.as_tensor(obs), torch.as_tensor(act)], -1)
-    for i, (w, b) in enumerate(zip(ensemble.weights, ensemble.biases)):
+def member_mlp(weights, biases, k, x):
+    """Member k's MLP, computed layer by layer from its own slice of the batched parameters."""
+    for i, (w, b) in enumerate(zip(weights, biases)):
         x = x @ w[k] + b[k, 0]
-        if i < len(ensemble.weights) - 1:
+        if i < len(weights) - 1:
             x = torch.where(x > 0, x, 0.01 * x)
     return x[..., 0]
+
+
+def member_reward(ensemble, k, obs, act):
+    """Member k's per-step reward."""
+    return member_mlp(ensemble.weights, ensemble.biases, k, torch.cat([torch.as_tensor(obs), torch.as_tensor(act)], -1))
+
+
+def member_potential(ensemble, k, obs):
+    """Member k's potential of observations (--reward-potential)."""
+    return member_mlp(ensemble.potential_weights, ensemble.potential_biases, k, torch.as_tensor(obs))
 
 
 def member_return(ensemble, k, segments):
@@ -269,6 +278,41 @@ def test_segment_returns_add_the_absorbing_reward_for_each_step_after_a_terminat
         torch.testing.assert_close(ensemble.segment_returns(rl.to_torch(paired)), returns.reshape(3, n // 2, 2))
 
 
+def test_with_a_potential_a_segment_return_adds_its_change_over_the_real_steps_and_ppos_reward_does_not(rng):
+    assert not any("potential" in key for key in rl.RewardEnsemble(3, 1, size=3).state_dict())  # off: as before
+    ensemble = rl.RewardEnsemble(3, 1, size=3, potential=True)
+    set_absorbing(ensemble, [-1.5, 0.25, 3.0])
+    length, n = 6, 40
+    segments = make_segments(rng, n, length, real_steps=rng.integers(1, length + 1, n))
+    segments["obs"] += 5 * (1 - segments["mask"][..., None])  # what sits in absorbing steps must not count
+    last_real = segments["obs"][np.arange(n), segments["mask"].sum(-1).astype(int) - 1]
+    obs, act = random_steps(rng, 100)
+    with torch.no_grad():
+        returns = ensemble.segment_returns(rl.to_torch(segments))
+        for k in range(3):
+            change = member_potential(ensemble, k, last_real) - member_potential(ensemble, k, segments["obs"][:, 0])
+            assert change.abs().max() > 0.01
+            torch.testing.assert_close(returns[k], member_return(ensemble, k, segments) + change, rtol=1e-5, atol=1e-5)
+        paired = {key: value.reshape((n // 2, 2) + value.shape[1:]) for key, value in segments.items()}
+        torch.testing.assert_close(ensemble.segment_returns(rl.to_torch(paired)), returns.reshape(3, n // 2, 2))
+        ensemble.fit_normalization(ensemble(obs, act))
+        ppo_reward = ensemble.normalized_reward(obs, act)
+        for w in ensemble.potential_weights:
+            w.mul_(3.0)
+        # PPO is paid the step reward alone: a potential three times as steep changes the segments' returns only
+        torch.testing.assert_close(ensemble.normalized_reward(obs, act), ppo_reward, rtol=0, atol=0)
+        assert (ensemble.segment_returns(rl.to_torch(segments)) - returns).abs().max() > 0.01
+    # the validation pass (its losses set the L2 coefficients) compares the returns the gradient steps train on
+    buffer = fill_buffer(rng, 50, length=6, terminations=True)
+    left, right, batch = buffer.get()
+    step_rewards, labels = rl.label_step_rewards(ensemble, buffer)
+    train_loss, _, _ = rl.validate_reward_model(ensemble, step_rewards, labels, 0.1)
+    with torch.no_grad():
+        losses = rl.preference_loss(ensemble.segment_returns(left), ensemble.segment_returns(right), batch["mu"], 0.1)
+    weight = batch["weight"].T
+    torch.testing.assert_close(train_loss, (losses * weight).sum(1) / weight.sum(1).clamp(min=1))
+
+
 def test_anchoring_the_fallen_state_at_zero_keeps_every_predicted_preference(rng):
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     set_absorbing(ensemble, [-1.5, 0.25, 3.0])
@@ -316,17 +360,20 @@ def test_predicted_return_is_the_return_of_the_reward_ppo_optimises(rng, anchor)
     np.testing.assert_allclose(episode_returns, [0.0, rewards[5:, 1].sum()], rtol=1e-5)  # env 1's goes on
 
 
-def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases():
-    ensemble = rl.RewardEnsemble(3, 1, size=3)
+@pytest.mark.parametrize("potential", [False, True])
+def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases(potential):
+    ensemble = rl.RewardEnsemble(3, 1, size=3, potential=potential)
+    weights = [*ensemble.weights, *ensemble.potential_weights]  # the potential's too (--reward-potential)
+    assert len(weights) == 6 if potential else 3
     with torch.no_grad():
-        for b in ensemble.biases:
+        for b in [*ensemble.biases, *ensemble.potential_biases]:
             b.add_(10.0)  # biases (and the absorbing reward) must not count
         ensemble.absorbing_reward.fill_(10.0)
     penalty = ensemble.l2_penalty()
-    expected = [sum(torch.linalg.norm(w[k].flatten()) ** 2 for w in ensemble.weights) for k in range(3)]
+    expected = [sum(torch.linalg.norm(w[k].flatten()) ** 2 for w in weights) for k in range(3)]
     torch.testing.assert_close(penalty, torch.stack(expected))
     penalty[1].backward()  # member 1's penalty pulls on its own weights only
-    for w in ensemble.weights:
+    for w in weights:
         torch.testing.assert_close(w.grad[1], 2 * w[1].detach())
         assert (w.grad[[0, 2]] == 0).all()
     assert all(b.grad is None or (b.grad == 0).all() for b in ensemble.biases)
@@ -378,6 +425,42 @@ def test_reward_model_learns_a_known_reward_from_synthetic_preferences(rng):
     obs, act = random_steps(rng, 2000)
     learned = ensemble.normalized_reward(obs, act).numpy()
     assert np.corrcoef(learned, obs[:, 0].numpy())[0, 1] > 0.9
+
+
+def posture_shift_segments(rng, n, length):
+    """Segments whose observations are a posture (a random walk: it persists from step to step), a velocity and a
+    distractor; a segment's true return is its velocities plus 3 x its posture's change from its first step to its last,
+    as a locomotion task's clip pays a shift of its root body as the body bends (benchmark/notes/posture_shift.py)."""
+    posture = np.cumsum(rng.normal(0, 0.5, (n, length)), 1) + rng.normal(0, 1, (n, 1))
+    velocity = rng.normal(0, 0.3, (n, length)) + rng.normal(0, 0.3, (n, 1))
+    obs = np.stack([posture, velocity, rng.normal(size=(n, length))], -1).astype(np.float32)
+    true_reward = velocity.copy()
+    true_reward[:, -1] += 3 * (posture[:, -1] - posture[:, 0])
+    act = rng.normal(size=(n, length, 1)).astype(np.float32)
+    return {"obs": obs, "act": act, "mask": np.ones((n, length), np.float32), "true_reward": true_reward.astype(np.float32)}
+
+
+@pytest.mark.parametrize("potential", [False, True])
+def test_a_learned_potential_takes_the_posture_shift_so_the_step_reward_pays_the_velocity_not_the_posture(rng, potential):
+    n, length = 400, 10
+    left, right = posture_shift_segments(rng, n, length), posture_shift_segments(rng, n, length)
+    buffer = rl.LabelBuffer(n, length, 3, 1, 3, rng)
+    buffer.add(left, right, rl.SyntheticTeacher(rng).preferences(left["true_reward"], right["true_reward"]))
+    ensemble = rl.RewardEnsemble(3, 1, size=3, potential=potential)
+    optimizer = torch.optim.Adam(ensemble.parameters(), lr=3e-3)
+    rl.train_reward_model(ensemble, optimizer, buffer, torch.full((3,), 1e-4), 300, 64, 0.1, rng)
+    step_rewards, labels = rl.label_step_rewards(ensemble, buffer)
+    rl.fit_reward_normalization(ensemble, step_rewards, labels, 1.0)
+    held_out = posture_shift_segments(rng, 300, length)
+    obs, act = torch.as_tensor(held_out["obs"].reshape(-1, 3)), torch.as_tensor(held_out["act"].reshape(-1, 1))
+    step_reward = ensemble.normalized_reward(obs, act).numpy()
+    pays_velocity, pays_posture = (np.corrcoef(step_reward, obs[:, i].numpy())[0, 1] for i in (1, 0))
+    if potential:  # the potential is the posture; the step reward, what PPO gets, is the velocity
+        with torch.no_grad():
+            assert np.corrcoef(ensemble.potential(obs).mean(0).numpy(), obs[:, 0].numpy())[0, 1] > 0.95
+        assert pays_velocity > 0.9 and abs(pays_posture) < 0.2
+    else:  # the step reward alone must explain the posture shift too, and follows the velocity far less closely
+        assert pays_velocity < 0.8
 
 
 def test_validation_changes_nothing_and_the_normalisation_is_refit_only_when_asked(rng):

@@ -564,6 +564,7 @@ UNREAD_BY_TRUE_REWARD_RUNS = {
     "reward_lr": "--reward-lr 0.002",
     "reward_dropout": "--reward-dropout 0.5",
     "reward_input_norm": "--no-reward-input-norm",
+    "reward_potential": "--reward-potential",
     "reward_batch_size": "--reward-batch-size 16",
     "reward_updates": "--reward-updates 4",
     "reward_eval_every": "--reward-eval-every 3",

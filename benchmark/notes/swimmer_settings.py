@@ -42,6 +42,7 @@ SETTINGS = [
     ("swimmer_bound_penalty", "action_bound_penalty.patch", None),
     ("swimmer_obs_reward", "reward_without_action.patch", None),
     ("swimmer_no_angle_reward", "reward_without_angles.patch", None),
+    ("swimmer_learned_potential", "learned_potential.patch", None),
     ("swimmer_oracle", "oracle_reward_clipfix.patch", "swimmer_c17_rl"),
 ]
 
