@@ -31,7 +31,9 @@ def load(path):
     agent.load_state_dict(checkpoint["agent"])
     obs_rms = rl.RunningMeanStd((obs_dim,))
     obs_rms.load_state_dict(checkpoint["obs_rms"])
-    ensemble = rl.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
+    ensemble = rl.RewardEnsemble(
+        obs_dim, act_dim, args["ensemble_size"], potential="potential_weights.0" in checkpoint["reward_ensemble"]
+    )
     ensemble.load_state_dict(checkpoint["reward_ensemble"])
     return checkpoint["global_step"], env, agent, obs_rms, ensemble
 

@@ -54,7 +54,9 @@ def load_run(run_dir):
     obs_rms.load_state_dict(checkpoint["obs_rms"])
     ensemble = None
     if checkpoint["reward_ensemble"] is not None:
-        ensemble = ppo.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
+        ensemble = ppo.RewardEnsemble(
+            obs_dim, act_dim, args["ensemble_size"], potential="potential_weights.0" in checkpoint["reward_ensemble"]
+        )
         ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
     return checkpoint, env, agent, obs_rms, ensemble
 

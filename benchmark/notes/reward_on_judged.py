@@ -45,7 +45,12 @@ def main():
         checkpoint = ppo.load_checkpoint(folder)
         labels = np.load(os.path.join(folder, "labels.npz"))
         obs, act, mask, true_reward, mu = (labels[k] for k in ("obs", "act", "mask", "true_reward", "mu"))
-        ensemble = ppo.RewardEnsemble(obs.shape[-1], act.shape[-1], checkpoint["args"]["ensemble_size"])
+        ensemble = ppo.RewardEnsemble(
+            obs.shape[-1],
+            act.shape[-1],
+            checkpoint["args"]["ensemble_size"],
+            potential="potential_weights.0" in checkpoint["reward_ensemble"],
+        )
         ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
         learned = ensemble.normalized_reward(torch.as_tensor(obs), torch.as_tensor(act)).numpy()
         judged = mask > 0

@@ -36,7 +36,9 @@ def main():
         env = rl.make_env(args["env"], 0, False, None, json.loads(args["env_kwargs"] or "{}"))()
         low, high = env.unwrapped.action_space.low, env.unwrapped.action_space.high
         obs_dim, act_dim = env.observation_space.shape[0], env.unwrapped.action_space.shape[0]
-        ensemble = rl.RewardEnsemble(obs_dim, act_dim, args["ensemble_size"])
+        ensemble = rl.RewardEnsemble(
+            obs_dim, act_dim, args["ensemble_size"], potential="potential_weights.0" in checkpoint["reward_ensemble"]
+        )
         ensemble.load_state_dict(checkpoint["reward_ensemble"])
         labels = np.load(Path(run) / "labels.npz")
         real = labels["mask"] > 0
