@@ -586,8 +586,8 @@ class RewardEnsemble(nn.Module):
 
     Each member also learns one scalar: the reward of the absorbing state an episode enters when it terminates (a fall),
     so the learned reward, like the true one of C17's fixed-length episodes, decides whether falling is good or bad.
-    With `potential` (--reward-potential) each member has a second MLP of the same shape, a potential of the
-    observation alone, which only segment returns use (potential_change).
+    With `potential` (--reward-potential) each member has a second MLP with the same hidden layers, a potential of the
+    observation alone, which only segment returns use (potential_change); it takes no dropout.
     """
 
     def __init__(self, obs_dim, act_dim, size=3, hidden=64, dropout=0.0, potential=False):
@@ -627,20 +627,21 @@ class RewardEnsemble(nn.Module):
 
     def potential(self, obs):
         """--reward-potential: each member's potential of observations (..., obs_dim) -> (size, ...)."""
-        return self._members(self._standardize(obs), self.potential_weights, self.potential_biases)
+        return self._members(self._standardize(obs), self.potential_weights, self.potential_biases, dropout=False)
 
     def _standardize(self, obs):
         return ((obs - self.input_mean) / self.input_std).clamp(-self.input_clip, self.input_clip)
 
-    def _members(self, x, weights, biases):
-        """Every member's MLP (its `weights` and `biases`) on inputs (..., n) -> (size, ...)."""
+    def _members(self, x, weights, biases, dropout=True):
+        """Every member's MLP (its `weights` and `biases`) on inputs (..., n) -> (size, ...); with `dropout`, the
+        hidden units' dropout of --reward-dropout in training mode."""
         lead = x.shape[:-1]
         x = x.reshape(1, -1, x.shape[-1]).expand(self.size, -1, -1)
         for i, (w, b) in enumerate(zip(weights, biases)):
             x = torch.baddbmm(b, x, w)
             if i < len(weights) - 1:
                 x = nn.functional.leaky_relu(x, 0.01)
-                if self.training and self.dropout > 0:
+                if dropout and self.training and self.dropout > 0:
                     x = x * self.dropout_mask(x)
         return x.reshape(self.size, *lead)
 

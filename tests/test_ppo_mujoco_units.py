@@ -313,6 +313,20 @@ def test_with_a_potential_a_segment_return_adds_its_change_over_the_real_steps_a
     torch.testing.assert_close(train_loss, (losses * weight).sum(1) / weight.sum(1).clamp(min=1))
 
 
+def test_the_potential_takes_no_dropout_so_its_change_over_a_segment_telescopes_in_gradient_steps_too(rng):
+    # one mask for the first step and another for the last would make a segment of one real step change the potential
+    ensemble = rl.RewardEnsemble(3, 1, size=3, dropout=0.5, potential=True)
+    ensemble.dropout_generator = torch.Generator().manual_seed(0)
+    segments = rl.to_torch(make_segments(rng, 20, 5, real_steps=np.ones(20, int)))
+    obs, _ = random_steps(rng, 50)
+    with torch.no_grad():
+        predicted = ensemble.potential(obs)
+        ensemble.train()
+        torch.testing.assert_close(ensemble.potential(obs), predicted, rtol=0, atol=0)
+        assert (ensemble.potential_change(segments["obs"], segments["mask"]) == 0).all()
+        ensemble.eval()
+
+
 def test_anchoring_the_fallen_state_at_zero_keeps_every_predicted_preference(rng):
     ensemble = rl.RewardEnsemble(3, 1, size=3)
     set_absorbing(ensemble, [-1.5, 0.25, 3.0])
@@ -364,7 +378,7 @@ def test_predicted_return_is_the_return_of_the_reward_ppo_optimises(rng, anchor)
 def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases(potential):
     ensemble = rl.RewardEnsemble(3, 1, size=3, potential=potential)
     weights = [*ensemble.weights, *ensemble.potential_weights]  # the potential's too (--reward-potential)
-    assert len(weights) == 6 if potential else 3
+    assert len(weights) == (6 if potential else 3)
     with torch.no_grad():
         for b in [*ensemble.biases, *ensemble.potential_biases]:
             b.add_(10.0)  # biases (and the absorbing reward) must not count
@@ -376,7 +390,7 @@ def test_l2_penalty_is_each_members_sum_of_squared_weights_without_biases(potent
     for w in weights:
         torch.testing.assert_close(w.grad[1], 2 * w[1].detach())
         assert (w.grad[[0, 2]] == 0).all()
-    assert all(b.grad is None or (b.grad == 0).all() for b in ensemble.biases)
+    assert all(b.grad is None or (b.grad == 0).all() for b in [*ensemble.biases, *ensemble.potential_biases])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
