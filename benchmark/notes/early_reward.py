@@ -21,6 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rlhf_ppo_mujoco as rl  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hopper_stall import checkpoint_ensemble  # noqa: E402
+
 
 def load(path):
     checkpoint = torch.load(path, weights_only=False)
@@ -31,10 +34,7 @@ def load(path):
     agent.load_state_dict(checkpoint["agent"])
     obs_rms = rl.RunningMeanStd((obs_dim,))
     obs_rms.load_state_dict(checkpoint["obs_rms"])
-    ensemble = rl.RewardEnsemble(
-        obs_dim, act_dim, args["ensemble_size"], potential="potential_weights.0" in checkpoint["reward_ensemble"]
-    )
-    ensemble.load_state_dict(checkpoint["reward_ensemble"])
+    ensemble = checkpoint_ensemble(checkpoint["reward_ensemble"], obs_dim, act_dim)
     return checkpoint["global_step"], env, agent, obs_rms, ensemble
 
 

@@ -41,6 +41,14 @@ def upside_down(qpos, env_id):
     return abs(qpos[2]) > np.pi / 2
 
 
+def checkpoint_ensemble(state, obs_dim, act_dim):
+    """A run's reward ensemble from its checkpoint's state (its "reward_ensemble"), with the potential of
+    --reward-potential where the run had one; older checkpoints' missing buffers keep their defaults."""
+    ensemble = ppo.RewardEnsemble(obs_dim, act_dim, len(state["absorbing_reward"]), potential="potential_weights.0" in state)
+    ensemble.load_state_dict(ensemble.state_dict() | state)
+    return ensemble
+
+
 def load_run(run_dir):
     """A saved run (rlhf_ppo_mujoco.py --save-model): its checkpoint, a fresh env as the run made it, the agent, its
     observation statistics, and its reward ensemble (None for a true-reward run, whose checkpoint has none)."""
@@ -54,10 +62,7 @@ def load_run(run_dir):
     obs_rms.load_state_dict(checkpoint["obs_rms"])
     ensemble = None
     if checkpoint["reward_ensemble"] is not None:
-        ensemble = ppo.RewardEnsemble(
-            obs_dim, act_dim, args["ensemble_size"], potential="potential_weights.0" in checkpoint["reward_ensemble"]
-        )
-        ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
+        ensemble = checkpoint_ensemble(checkpoint["reward_ensemble"], obs_dim, act_dim)
     return checkpoint, env, agent, obs_rms, ensemble
 
 

@@ -29,6 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rlhf_ppo_mujoco as script  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hopper_stall import checkpoint_ensemble  # noqa: E402
+
 TRAINING = SimpleNamespace(reward_eval_every=10, reward_batch_size=64, label_noise=0.1, reward_std=1.0)
 
 
@@ -59,12 +62,7 @@ def run_ensemble(checkpoint_dir, buffer):
     """The run's final ensemble, from its checkpoint."""
     state = torch.load(checkpoint_dir / "checkpoint.pt", weights_only=False)["reward_ensemble"]
     _, _, labels = buffer.get()
-    obs_dim, act_dim = labels["obs"].shape[-1], labels["act"].shape[-1]
-    ensemble = script.RewardEnsemble(
-        obs_dim, act_dim, size=len(state["absorbing_reward"]), potential="potential_weights.0" in state
-    )
-    ensemble.load_state_dict(state)
-    return ensemble
+    return checkpoint_ensemble(state, labels["obs"].shape[-1], labels["act"].shape[-1])
 
 
 @torch.no_grad()

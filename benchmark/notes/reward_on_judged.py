@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rlhf_ppo_mujoco as ppo  # noqa: E402
 from action_saturation import run_folder  # noqa: E402
+from hopper_stall import checkpoint_ensemble  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmark/
 from plot import progress  # noqa: E402
@@ -45,13 +46,7 @@ def main():
         checkpoint = ppo.load_checkpoint(folder)
         labels = np.load(os.path.join(folder, "labels.npz"))
         obs, act, mask, true_reward, mu = (labels[k] for k in ("obs", "act", "mask", "true_reward", "mu"))
-        ensemble = ppo.RewardEnsemble(
-            obs.shape[-1],
-            act.shape[-1],
-            checkpoint["args"]["ensemble_size"],
-            potential="potential_weights.0" in checkpoint["reward_ensemble"],
-        )
-        ensemble.load_state_dict(ensemble.state_dict() | checkpoint["reward_ensemble"])
+        ensemble = checkpoint_ensemble(checkpoint["reward_ensemble"], obs.shape[-1], act.shape[-1])
         learned = ensemble.normalized_reward(torch.as_tensor(obs), torch.as_tensor(act)).numpy()
         judged = mask > 0
         true_steps, learned_steps = true_reward[judged], learned[judged]

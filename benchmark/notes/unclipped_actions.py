@@ -19,6 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rlhf_ppo_mujoco as rl  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hopper_stall import checkpoint_ensemble  # noqa: E402
+
 
 def learned(ensemble, obs, act):
     with torch.no_grad():
@@ -36,10 +39,7 @@ def main():
         env = rl.make_env(args["env"], 0, False, None, json.loads(args["env_kwargs"] or "{}"))()
         low, high = env.unwrapped.action_space.low, env.unwrapped.action_space.high
         obs_dim, act_dim = env.observation_space.shape[0], env.unwrapped.action_space.shape[0]
-        ensemble = rl.RewardEnsemble(
-            obs_dim, act_dim, args["ensemble_size"], potential="potential_weights.0" in checkpoint["reward_ensemble"]
-        )
-        ensemble.load_state_dict(checkpoint["reward_ensemble"])
+        ensemble = checkpoint_ensemble(checkpoint["reward_ensemble"], obs_dim, act_dim)
         labels = np.load(Path(run) / "labels.npz")
         real = labels["mask"] > 0
         act = labels["act"][real]
