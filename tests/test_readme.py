@@ -1,7 +1,7 @@
 """README.md's code maps stay true: each row's line range starts at its anchor (the first line, after the previous
 row's, that holds it) and ends where the next row starts; the map covers each script from `class Args` to the end.
 And the documentation's links lead somewhere: every relative link names a file that exists, every `#anchor` a heading
-of the file it points into."""
+of the file it points into. And each default in README's flag tables is the one the script's Args has."""
 
 import re
 from pathlib import Path
@@ -78,3 +78,69 @@ def test_every_relative_link_leads_to_a_file_and_heading(doc):
         elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
             broken.append(f"{target}#{anchor}: no such heading in {linked}")
     assert not broken, f"{doc}: " + "; ".join(broken)
+
+
+# README's words for a default, and what each means in Args
+DEFAULT_WORDS = {"on": True, "off": False, "none": None, "": None}
+# a row whose flags share one default told in words: each flag's default in Args (B-Pref's perfect teacher: it always
+# prefers the higher return, no noise, no myopia, skips nothing, calls no pair equal)
+SHARED_DEFAULTS = {
+    "perfect teacher": {
+        "teacher_beta": float("inf"),
+        "teacher_gamma": 1.0,
+        "teacher_epsilon": 0.0,
+        "teacher_skip_threshold": float("-inf"),
+        "teacher_equal_margin": 0.0,
+    }
+}
+# defaults Args leaves None and the script fills in at run time, told in README as what they become
+FILLED_AT_RUN_TIME = {("rlhf_moving_dot.py", "preference_db"): "runs/NAME/preferences.sqlite"}
+
+
+def flag_rows(script):
+    """(flag names as Args fields, README's default cell) of each row of the table under "### `script`" in "## Flags"
+    whose first cell names flags."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index(f"### `{script}`", lines.index("## Flags"))
+    rows = []
+    for line in lines[start + 1 :]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `--"):
+            rows.append(([flag.replace("-", "_") for flag in re.findall(r"`--([a-z0-9-]+)", cells[0])], cells[1]))
+    return rows
+
+
+def readme_value(word):
+    """A default as README writes it (`text`, "text", a number, on/off/none) as a Python value."""
+    word = word.strip()
+    if word.lower() in DEFAULT_WORDS:
+        return DEFAULT_WORDS[word.lower()]
+    if word[:1] in '`"' and word[-1:] == word[:1]:
+        return word[1:-1]
+    try:
+        return float(word)
+    except ValueError:
+        return word
+
+
+@pytest.mark.parametrize("script", ["rlhf_ppo_mujoco.py", "rlhf_moving_dot.py", "rlhf_a2c_atari.py"])
+def test_every_default_in_readmes_flag_tables_is_the_scripts(script):
+    module = __import__(script.removesuffix(".py"))
+    defaults = vars(module.Args())
+    rows = flag_rows(script)
+    assert len(rows) >= 10
+    for flags, cell in rows:
+        where = f"README.md's flag table of {script}, the row of {', '.join('--' + f.replace('_', '-') for f in flags)}"
+        if cell in SHARED_DEFAULTS:
+            assert {flag: defaults[flag] for flag in flags} == SHARED_DEFAULTS[cell], where
+            continue
+        words = cell.split(",") if len(flags) > 1 else [cell]
+        assert len(words) == len(flags), f"{where}: {len(flags)} flags, defaults {cell!r}"
+        for flag, word in zip(flags, words):
+            assert flag in defaults, f"{where}: the script has no --{flag.replace('_', '-')}"
+            documented, actual = readme_value(word), defaults[flag]
+            if actual is None and (script, flag) in FILLED_AT_RUN_TIME:
+                actual = FILLED_AT_RUN_TIME[script, flag]
+            assert documented == actual, f"{where}: README says {word.strip()!r}, the script's default is {actual!r}"
