@@ -225,6 +225,20 @@ def test_golden_pairs_are_mixed_in_and_exclude_inaccurate_raters(label_server):
     assert label["choice"] == "right" and sorted(label["votes"]) == ["right", "right"]
 
 
+def test_cant_tell_on_a_golden_pair_is_a_miss(label_server):
+    """README: a rater's accuracy on golden pairs counts any answer but the known one as a miss, "can't tell" too."""
+    server = label_server("--overlap", 2, "--golden-every", 1, "--golden-min", 2, "--golden-threshold", 0.6)
+    for i in range(2):
+        post_pair(server, f"gold{i}", golden="left")
+    post_pair(server, "p0")
+    assert label_all(server, "unsure", "cant_tell", "right") == ["gold0", "gold1", "p0"]
+    label_all(server, "sure", "left", "right")
+    assert labels(server) == []  # the unsure rater's answer to p0 does not count: p0 waits for a second one
+    label_all(server, "third", "left", "right")
+    (label,) = labels(server)
+    assert sorted(label["votes"]) == ["right", "right"]
+
+
 def test_golden_pairs_wait_their_turn_when_no_other_pair_is_waiting(label_server):
     """Raters who open the page before the trainer has posted (it is still rendering) were given every golden pair back
     to back: none was left to check them once the real pairs came. A golden pair comes once every --golden-every pairs,
