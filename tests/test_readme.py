@@ -93,7 +93,8 @@ SHARED_DEFAULTS = {
         "teacher_equal_margin": 0.0,
     }
 }
-# defaults Args leaves None and the script fills in at run time, told in README as what they become
+# defaults Args leaves None and the script fills in at run time, told in README as what they become (that the script
+# fills them so is not checked here)
 FILLED_AT_RUN_TIME = {("rlhf_moving_dot.py", "preference_db"): "runs/NAME/preferences.sqlite"}
 
 
