@@ -1149,8 +1149,13 @@ class RewardModelTraining:
 # Evaluation of a saved agent
 def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=True, video_dir=None):
     """Game scores of the saved agent (sampling its actions: a greedy Atari policy can stall); with video_dir, games
-    0, 1, 8, ... are saved as MP4s in `video_dir/videos` (--capture-video)."""
+    0, 1, 8, ... are saved as MP4s in `video_dir/videos` (--capture-video), in place of the clips an earlier evaluation
+    left there."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    if video_dir is not None and os.path.isdir(f"{video_dir}/videos"):  # an earlier evaluation's clips go: left, they
+        for name in os.listdir(f"{video_dir}/videos"):  # would show more episodes, or an agent trained less, beside these
+            if re.fullmatch(r"episode-\d+\.(mp4|gif)", name):
+                os.remove(f"{video_dir}/videos/{name}")
     env = make_env(env_id, 0, video_dir is not None, video_dir, noop_max, mask_score)()
     agent = Agent(env.action_space.n)
     agent.load_state_dict(checkpoint["agent"])

@@ -1796,8 +1796,12 @@ def restore_checkpoint(checkpoint, agent, optimizer, reward_training):
 # Evaluation of a saved agent
 def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0, video_dir=None):
     """True returns of the saved agent taking its most likely action; with video_dir, episodes 0, 1, 8, ... are saved
-    as MP4s in `video_dir/videos` (--capture-video)."""
+    as MP4s in `video_dir/videos` (--capture-video), in place of the clips an earlier evaluation left there."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    if video_dir is not None and os.path.isdir(f"{video_dir}/videos"):  # an earlier evaluation's clips go: left, they
+        for name in os.listdir(f"{video_dir}/videos"):  # would show more episodes, or an agent trained less, beside these
+            if re.fullmatch(r"episode-\d+\.(mp4|gif)", name):
+                os.remove(f"{video_dir}/videos/{name}")
     env = make_env(observation, episode_steps, 0, video_dir is not None, video_dir)()
     agent = Agent(env.observation_space.shape, env.action_space.n)
     agent.load_state_dict(checkpoint["agent"])

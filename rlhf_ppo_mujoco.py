@@ -1925,11 +1925,16 @@ def load_labels(buffer, teacher, labels_path):
 def evaluate(checkpoint_path, args, video_dir=None):
     """The saved agent acting with its mean action for --eval-episodes episodes: its true returns (the environment's
     reward, with --env-kwargs) and, for a --behaviour run, the behaviour's score summed over each episode; with
-    video_dir, episodes 0, 1, 8, ... are saved as clips in `video_dir/videos` (--capture-video)."""
+    video_dir, episodes 0, 1, 8, ... are saved as clips in `video_dir/videos` (--capture-video), in place of the clips an
+    earlier evaluation left there."""
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
     env_kwargs = json.loads(args.env_kwargs)
     if video_dir is not None:
         check_rendering(args.env, env_kwargs)
+    if video_dir is not None and os.path.isdir(f"{video_dir}/videos"):  # an earlier evaluation's clips go: left, they
+        for name in os.listdir(f"{video_dir}/videos"):  # would show more episodes, or an agent trained less, beside these
+            if re.fullmatch(r"episode-\d+\.(mp4|gif)", name):
+                os.remove(f"{video_dir}/videos/{name}")
     env = make_env(args.env, 0, video_dir is not None, video_dir, env_kwargs, args.video_format, args.video_seconds)()
     obs_rms = RunningMeanStd()
     obs_rms.load_state_dict(checkpoint["obs_rms"])

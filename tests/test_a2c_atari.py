@@ -537,11 +537,15 @@ def test_synthetic_run_logs_saves_masked_labels_and_model_and_evaluates(tmp_path
     assert -21 <= score <= -15  # a whole game of a barely trained agent
     # the same game filmed (--capture-video is the evaluating command's, as in rlhf_ppo_mujoco.py; it was refused, and
     # a run trained filming filmed no evaluation): in runs/NAME/eval/videos, in colour, the score shown
+    # (with a clip of game 1 left in the folder, as an earlier evaluation of two games leaves it: filming a whole game
+    # again here would double this test's time)
+    (run_dir / "eval" / "videos").mkdir(parents=True)
+    imageio.mimsave(run_dir / "eval" / "videos" / "episode-1.mp4", [np.zeros((210, 160, 3), np.uint8)] * 2, fps=30)
     filmed = run_atari(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1 --capture-video")
     assert filmed.returncode == 0, filmed.stderr
     assert filmed.stdout.splitlines()[-1] == evaluation.stdout.splitlines()[-1]
     clips = sorted((run_dir / "eval" / "videos").iterdir())
-    assert [clip.name for clip in clips] == ["episode-0.mp4"]
+    assert [clip.name for clip in clips] == ["episode-0.mp4"]  # this evaluation's clip only, not the last one's
     frames = imageio.mimread(clips[0], memtest=False)
     assert len(frames) > 21 * 20 and frames[0].shape == (210, 160, 3)  # a whole game: 21 points or more
     assert np.abs(np.asarray(frames[-1][:20], float) - frames[0][:20]).mean() > 0  # the score at the top changed

@@ -504,11 +504,14 @@ def test_synthetic_run_logs_saves_labels_and_model_and_evaluates(tmp_path):
     assert "eval: 1 episodes of MovingDot-v0: true return" in evaluation.stdout
     # the same episode filmed (--capture-video is the evaluating command's, as in rlhf_ppo_mujoco.py; it was refused,
     # and a run trained filming filmed no evaluation): in runs/NAME/eval/videos, the first frame and one per step
+    filmed_twice = run_dot(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 2 --capture-video")
+    assert filmed_twice.returncode == 0, filmed_twice.stderr
+    assert sorted(clip.name for clip in (run_dir / "eval" / "videos").iterdir()) == ["episode-0.mp4", "episode-1.mp4"]
     filmed = run_dot(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1 --capture-video")
     assert filmed.returncode == 0, filmed.stderr
     assert filmed.stdout.splitlines()[-1] == evaluation.stdout.splitlines()[-1]
     clips = sorted((run_dir / "eval" / "videos").iterdir())
-    assert [clip.name for clip in clips] == ["episode-0.mp4"]
+    assert [clip.name for clip in clips] == ["episode-0.mp4"]  # this evaluation's clip only, not the last one's
     frames = imageio.mimread(clips[0])
     assert len(frames) == 101  # --episode-steps 100
     assert np.abs(np.asarray(frames[-1], float) - frames[0]).mean() > 0  # the dot moved

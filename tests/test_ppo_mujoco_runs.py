@@ -87,6 +87,11 @@ def test_tiny_run_logs_the_rlhf_tags_and_saves_labels_and_model(tmp_path):
     assert np.abs(np.asarray(frames[-1], float) - frames[0]).mean() > 0.5  # the hopper moved between first and last
     metadata = imageio.v3.immeta(clips[0])
     assert metadata["loop"] == 0 and metadata["duration"] == 80  # ms: 10 frames of 8 ms, real time
+    # filmed again, one episode as MP4: the folder holds this evaluation's clip only, none of the one before (a run
+    # trained further in between would show two agents side by side)
+    refilmed = run_script(tmp_path, f"--resume {run_dir} --eval-only --eval-episodes 1 --capture-video --video-seconds 0.16")
+    assert refilmed.returncode == 0, refilmed.stderr
+    assert sorted(clip.name for clip in (run_dir / "eval" / "videos").iterdir()) == ["episode-0.mp4"]
 
 
 @pytest.mark.slow
