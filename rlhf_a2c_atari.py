@@ -1154,7 +1154,7 @@ def evaluate(checkpoint_path, env_id, episodes, seed=0, noop_max=30, mask_score=
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
     if video_dir is not None and os.path.isdir(f"{video_dir}/videos"):  # an earlier evaluation's clips go: left, they
         for name in os.listdir(f"{video_dir}/videos"):  # would show more episodes, or an agent trained less, beside these
-            if re.fullmatch(r"episode-\d+\.(mp4|gif)", name):
+            if re.fullmatch(r"episode-\d+\.mp4", name):
                 os.remove(f"{video_dir}/videos/{name}")
     env = make_env(env_id, 0, video_dir is not None, video_dir, noop_max, mask_score)()
     agent = Agent(env.action_space.n)

@@ -1800,7 +1800,7 @@ def evaluate(checkpoint_path, observation, episode_steps, episodes, seed=0, vide
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
     if video_dir is not None and os.path.isdir(f"{video_dir}/videos"):  # an earlier evaluation's clips go: left, they
         for name in os.listdir(f"{video_dir}/videos"):  # would show more episodes, or an agent trained less, beside these
-            if re.fullmatch(r"episode-\d+\.(mp4|gif)", name):
+            if re.fullmatch(r"episode-\d+\.mp4", name):
                 os.remove(f"{video_dir}/videos/{name}")
     env = make_env(observation, episode_steps, 0, video_dir is not None, video_dir)()
     agent = Agent(env.observation_space.shape, env.action_space.n)

@@ -1931,8 +1931,8 @@ def evaluate(checkpoint_path, args, video_dir=None):
     env_kwargs = json.loads(args.env_kwargs)
     if video_dir is not None:
         check_rendering(args.env, env_kwargs)
-    if video_dir is not None and os.path.isdir(f"{video_dir}/videos"):  # an earlier evaluation's clips go: left, they
-        for name in os.listdir(f"{video_dir}/videos"):  # would show more episodes, or an agent trained less, beside these
+        earlier_clips = os.listdir(f"{video_dir}/videos") if os.path.isdir(f"{video_dir}/videos") else []
+        for name in earlier_clips:  # an earlier evaluation's: left, they would show more episodes, or a less trained agent
             if re.fullmatch(r"episode-\d+\.(mp4|gif)", name):
                 os.remove(f"{video_dir}/videos/{name}")
     env = make_env(args.env, 0, video_dir is not None, video_dir, env_kwargs, args.video_format, args.video_seconds)()
